@@ -1,0 +1,214 @@
+"""Python-based `onnxruntime` backend for the embedded tritonserver.
+
+Triton (>= 23.10) serves any model whose config says `backend: "onnxruntime"` with this file when it lies at
+`<backend-dir>/onnxruntime/model.py`, so configs written for the NGC container's native ORT backend run unchanged.
+
+Batching is real: all requests handed to one `execute()` run as one `session.run` (concatenated on the batch
+axis; inputs with `allow_ragged_batch` are right-padded to the longest in the group), and outputs are split back.
+A request whose tensors do not fit fails alone; if the batched run itself fails, requests are retried one by one
+so the bad one is isolated.
+
+Config `parameters` (string values), same keys as the native backend where one exists:
+  intra_op_thread_count, inter_op_thread_count   ORT thread pools (default: cores / instances, 1)
+  pad_value.<INPUT>                               value used to right-pad a ragged input (default 0)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+def _param(config: dict, key: str, default: str | None = None) -> str | None:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value in (None, "") else value
+
+
+def _instance_count(config: dict) -> int:
+    return max(1, sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1)
+
+
+class _RequestError(ValueError):
+    pass
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        self.config = json.loads(args["model_config"])
+        self.name = self.config["name"]
+        self.max_batch_size = int(self.config.get("max_batch_size", 0))
+        model_dir = Path(args["model_repository"]) / args["model_version"]
+        filename = self.config.get("default_model_filename") or "model.onnx"
+        model_path = model_dir / filename
+        if not model_path.exists():
+            raise pb_utils.TritonModelException(f"{self.name}: model file not found: {model_path}")
+
+        cores = os.cpu_count() or 1
+        intra = int(_param(self.config, "intra_op_thread_count", str(max(1, cores // _instance_count(self.config)))))
+        inter = int(_param(self.config, "inter_op_thread_count", "1"))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = intra
+        options.inter_op_num_threads = inter
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning threads steal the other instance's core on small machines.
+        options.add_session_config_entry("session.intra_op.allow_spinning", _param(self.config, "allow_spinning", "0"))
+        self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+        self.inputs = []
+        for cfg in self.config["input"]:
+            self.inputs.append(
+                {
+                    "name": cfg["name"],
+                    "dtype": pb_utils.triton_string_to_numpy(cfg["data_type"]),
+                    "dims": [int(d) for d in cfg["dims"]],
+                    "ragged": bool(cfg.get("allow_ragged_batch", False)),
+                    "optional": bool(cfg.get("optional", False)),
+                    "pad": float(_param(self.config, f"pad_value.{cfg['name']}", "0")),
+                }
+            )
+        self.outputs = [
+            (cfg["name"], pb_utils.triton_string_to_numpy(cfg["data_type"])) for cfg in self.config["output"]
+        ]
+        session_inputs = {i.name for i in self.session.get_inputs()}
+        for spec in self.inputs:
+            if spec["name"] not in session_inputs:
+                raise pb_utils.TritonModelException(
+                    f"{self.name}: config input '{spec['name']}' is not an input of {filename} "
+                    f"(model inputs: {sorted(session_inputs)})"
+                )
+        labels = {"model": self.name, "version": str(args["model_version"])}
+        # Families must outlive their metrics, so both are kept on the instance.
+        self._families, self._metrics = {}, {}
+        for key, desc in (
+            ("session_runs", "onnxruntime session.run calls"),
+            ("batched_requests", "requests served by those calls"),
+            ("input_elements", "input elements fed to session.run, padding included"),
+            ("padding_elements", "of those, elements added by ragged right-padding"),
+        ):
+            self._families[key] = pb_utils.MetricFamily(
+                name=f"tritonkit_ort_{key}_total", description=desc, kind=pb_utils.MetricFamily.COUNTER
+            )
+            self._metrics[key] = self._families[key].Metric(labels=labels)
+
+    # -- request handling ---------------------------------------------------------------------------------
+    def _read(self, request) -> dict[str, np.ndarray]:
+        feeds = {}
+        for spec in self.inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, spec["name"])
+            if tensor is None:
+                if spec["optional"]:
+                    continue
+                raise _RequestError(f"input '{spec['name']}' is missing")
+            array = tensor.as_numpy()
+            if array.dtype != spec["dtype"]:
+                raise _RequestError(
+                    f"input '{spec['name']}': dtype {array.dtype} does not match config {np.dtype(spec['dtype'])}"
+                )
+            dims = spec["dims"]
+            if self.max_batch_size > 0:
+                if array.ndim != len(dims) + 1:
+                    raise _RequestError(
+                        f"input '{spec['name']}': rank {array.ndim} != {len(dims) + 1} (batch + dims {dims})"
+                    )
+                if array.shape[0] > self.max_batch_size:
+                    raise _RequestError(
+                        f"input '{spec['name']}': batch {array.shape[0]} exceeds max_batch_size {self.max_batch_size}"
+                    )
+                shape = array.shape[1:]
+            else:
+                shape = array.shape
+            if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+                raise _RequestError(f"input '{spec['name']}': shape {list(shape)} does not match config dims {dims}")
+            feeds[spec["name"]] = array
+        if self.max_batch_size > 0 and feeds:
+            sizes = {a.shape[0] for a in feeds.values()}
+            if len(sizes) != 1:
+                raise _RequestError(f"inputs disagree on batch size: {sorted(sizes)}")
+        return feeds
+
+    def _batch(self, feeds_list: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], int, int]:
+        """Concatenate per-request feeds on axis 0, right-padding ragged inputs to the longest."""
+        merged, total, padding = {}, 0, 0
+        for spec in self.inputs:
+            arrays = [f[spec["name"]] for f in feeds_list if spec["name"] in f]
+            if not arrays:
+                continue
+            if len(arrays) != len(feeds_list):
+                raise _RequestError(f"optional input '{spec['name']}' given by only some requests of a batch")
+            target = np.max([a.shape[1:] for a in arrays], axis=0)
+            parts = []
+            for a in arrays:
+                pad = [(0, 0)] + [(0, int(t - s)) for t, s in zip(target, a.shape[1:])]
+                if any(p[1] for p in pad):
+                    if not spec["ragged"]:
+                        raise _RequestError(f"input '{spec['name']}': shapes differ within a batch")
+                    a = np.pad(a, pad, constant_values=np.asarray(spec["pad"]).astype(a.dtype))
+                parts.append(a)
+            merged[spec["name"]] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            total += merged[spec["name"]].size
+            padding += merged[spec["name"]].size - sum(a.size for a in arrays)
+        return merged, total, padding
+
+    def _run(self, feeds_list: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+        if self.max_batch_size == 0:
+            merged, total, padding = feeds_list[0], sum(a.size for a in feeds_list[0].values()), 0
+        else:
+            merged, total, padding = self._batch(feeds_list)
+        results = self.session.run([name for name, _ in self.outputs], merged)
+        self._metrics["session_runs"].increment(1)
+        self._metrics["batched_requests"].increment(len(feeds_list))
+        self._metrics["input_elements"].increment(total)
+        self._metrics["padding_elements"].increment(padding)
+        if self.max_batch_size == 0:
+            return [results]
+        per_request, start = [], 0
+        for feeds in feeds_list:
+            n = next(iter(feeds.values())).shape[0]
+            per_request.append([r[start : start + n] for r in results])
+            start += n
+        return per_request
+
+    def _respond(self, outputs: list[np.ndarray]):
+        tensors = [
+            pb_utils.Tensor(name, np.ascontiguousarray(value.astype(dtype, copy=False)))
+            for (name, dtype), value in zip(self.outputs, outputs)
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    @staticmethod
+    def _error(message: str):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+    def execute(self, requests):
+        responses: list = [None] * len(requests)
+        good: list[tuple[int, dict[str, np.ndarray]]] = []
+        for i, request in enumerate(requests):
+            try:
+                good.append((i, self._read(request)))
+            except _RequestError as err:
+                responses[i] = self._error(f"{self.name}: {err}")
+        if good:
+            try:
+                # Without a batch axis there is nothing to merge: one run per request.
+                groups = [[f for _, f in good]] if self.max_batch_size > 0 else [[f] for _, f in good]
+                outputs = [out for group in groups for out in self._run(group)]
+                for (i, _), out in zip(good, outputs):
+                    responses[i] = self._respond(out)
+            except Exception:
+                # Isolate the request that broke the batched run; the others still get answers.
+                for i, feeds in good:
+                    try:
+                        responses[i] = self._respond(self._run([feeds])[0])
+                    except Exception as err:
+                        responses[i] = self._error(f"{self.name}: inference failed: {err}")
+        return responses
+
+    def finalize(self) -> None:
+        self._metrics.clear()
+        self._families.clear()
+        self.session = None

@@ -1,0 +1,41 @@
+"""Shared fixtures: a real tritonserver on free loopback ports, always stopped (also when a test fails)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tritonkit.server import TritonServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
+    """Factory: `start_server(repo, **kwargs)` → a ready server; every one started is stopped at session end."""
+    started: list[TritonServer] = []
+
+    def start(model_repository: Path, **kwargs) -> TritonServer:
+        log = tmp_path_factory.mktemp("triton-log") / "server.log"
+        server = TritonServer.on_free_ports(model_repository=Path(model_repository), log_path=log, **kwargs)
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def smoke_repository(tmp_path_factory) -> Path:
+    from tiny_models import build_smoke_repository
+
+    return build_smoke_repository(tmp_path_factory.mktemp("smoke_repo"))
+
+
+@pytest.fixture(scope="session")
+def smoke_server(start_server, smoke_repository) -> TritonServer:
+    return start_server(smoke_repository)

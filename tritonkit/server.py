@@ -1,0 +1,341 @@
+"""Launch the embedded tritonserver (the 2.51 binary bundled in the nvidia-pytriton wheel).
+
+We use none of PyTriton's API: only its server binary, shared libraries and Python-backend stubs.
+`TritonServer` is used by `make serve`, the demo, benchmarks and the test fixture alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonkit import paths
+
+
+class SetupError(RuntimeError):
+    """The environment is missing something `make setup` installs."""
+
+
+class ServerStartError(RuntimeError):
+    """tritonserver exited or did not become ready; the message carries its log tail."""
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SetupError(f"Python package '{name}' is not installed in {sys.prefix}; run `make setup` first.")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def triton_home() -> Path:
+    return _package_dir("pytriton") / "tritonserver"
+
+
+def server_binary() -> Path:
+    binary = triton_home() / "bin" / "tritonserver"
+    if not binary.exists():
+        raise SetupError(f"tritonserver binary not found at {binary}; run `make setup`.")
+    return binary
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver: bundled libs + libpython, and the venv's bin/ first on PATH.
+
+    The Python backend stub resolves `python3` packages through PATH; without the venv first, `import numpy`
+    fails inside model.py.
+    """
+    env = dict(os.environ if base is None else base)
+    libs = [
+        str(triton_home().parent.parent / "nvidia_pytriton.libs"),
+        sysconfig.get_config_var("LIBDIR") or "",
+    ]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
+    env["PATH"] = f"{paths.venv_bin()}:{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(paths.ROOT), env.get("PYTHONPATH", "")) if p)
+    # Thread pools inside every stub would otherwise each spawn one thread per core.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def prepare_backend_dir(target: Path = paths.BACKEND_DIR) -> Path:
+    """Assemble <target>/python (wheel files + stub for this Python) and our Python-based backends.
+
+    Files are copied, not linked: tritonserver refuses backend libraries that resolve outside the directory.
+    Idempotent and cheap (unchanged files are skipped), so every server start refreshes it.
+    """
+    home = triton_home()
+    py_src = home / "backends" / "python"
+    stub = home / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = stub / "triton_python_backend_stub"
+    if not stub.exists():
+        raise SetupError(f"no Python backend stub for Python {sys.version_info[:2]} in {stub.parent.parent}")
+    python_dir = target / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for src in (py_src / "libtriton_python.so", py_src / "triton_python_backend_utils.py", stub):
+        _copy(src, python_dir / src.name)
+    for backend in sorted(paths.PROJECT_BACKENDS.iterdir()):
+        if (backend / "model.py").exists():
+            (target / backend.name).mkdir(parents=True, exist_ok=True)
+            for src in backend.glob("*.py"):
+                _copy(src, target / backend.name / src.name)
+    return target
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if dst.is_symlink():
+        dst.unlink()
+    elif dst.exists() and dst.stat().st_size == src.stat().st_size and dst.read_bytes() == src.read_bytes():
+        return
+    shutil.copy2(src, dst)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process. Use as a context manager; `stop()` leaves no stub processes behind."""
+
+    model_repository: Path = paths.MODEL_REPOSITORY
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    backend_dir: Path = paths.BACKEND_DIR
+    # explicit mode with `models` loads only those; "none" loads the whole repository.
+    model_control_mode: str = "none"
+    models: list[str] = field(default_factory=list)
+    # Key required by the model-control/repository endpoints (restricted API); None leaves them open.
+    control_key: str | None = None
+    exit_timeout_s: int = 30
+    extra_args: list[str] = field(default_factory=list)
+    log_verbose: int = 0
+    log_path: Path | None = None
+    process: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def on_free_ports(cls, **kwargs) -> TritonServer:
+        ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+        while len(set(ports.values())) < 3:
+            ports["metrics_port"] = free_port()
+        return cls(**ports, **kwargs)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(server_binary()),
+            f"--model-repository={Path(self.model_repository).resolve()}",
+            f"--backend-directory={Path(self.backend_dir).resolve()}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=true",
+            "--strict-readiness=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--model-control-mode={self.model_control_mode}",
+            f"--log-verbose={self.log_verbose}",
+            # Larger shared-memory arenas avoid regrowth on every big batch between server and stubs.
+            "--backend-config=python,shm-default-byte-size=8388608",
+            "--backend-config=python,shm-growth-byte-size=8388608",
+        ]
+        cmd += [f"--load-model={m}" for m in self.models]
+        if self.control_key:
+            cmd.append(f"--http-restricted-api=model-repository:tritonkit-key={self.control_key}")
+            cmd.append(f"--grpc-restricted-protocol=model-repository:tritonkit-key={self.control_key}")
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout_s: float = 180.0) -> TritonServer:
+        prepare_backend_dir(Path(self.backend_dir))
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
+        # A new session makes the server the leader of a process group that also holds its stubs.
+        self.process = subprocess.Popen(
+            self.command(), env=server_env(), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        # A crashed caller must not leave a server (and its stubs) running.
+        atexit.register(self.stop)
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://{self.http_url}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerStartError(
+                    f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}"
+                )
+            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.25)
+        raise ServerStartError(f"tritonserver not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGTERM (Triton drains in-flight requests), then SIGKILL whatever is left of the group."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return None
+        timeout_s = self.exit_timeout_s + 15 if timeout_s is None else timeout_s
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # Stubs normally exit with the server; a crashed server can leave them, so clear the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if getattr(self, "_log", None):
+            self._log.close()
+        return proc.returncode
+
+    def __enter__(self) -> TritonServer:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    server = TritonServer(
+        model_repository=Path(args.model_repository),
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        model_control_mode="explicit" if args.models else "none",
+        models=args.models.split(",") if args.models else [],
+        control_key=args.control_key or os.environ.get("TRITONKIT_CONTROL_KEY"),
+        log_verbose=args.log_verbose,
+        log_path=Path(args.log_file) if args.log_file else None,
+        extra_args=args.extra,
+    )
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            print(f"\n{signal.Signals(signum).name}: draining and stopping tritonserver...", flush=True)
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        print(f"starting tritonserver over {server.model_repository} (log: {server.log_path or 'temp file'})")
+        server.start(timeout_s=args.timeout)
+        print(f"ready  HTTP    http://{server.http_url}")
+        print(f"       gRPC    {server.grpc_url}")
+        print(f"       metrics {server.metrics_url}")
+        print("Ctrl-C to stop.", flush=True)
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(0.5)
+        print(f"tritonserver exited unexpectedly:\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        code = server.stop()
+        print(f"stopped (tritonserver exit code {code})")
+        return 0
+    except (SetupError, ServerStartError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tritonkit-serve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("serve", help="start tritonserver and wait for Ctrl-C/SIGTERM")
+    p.add_argument("--model-repository", default=str(paths.MODEL_REPOSITORY))
+    p.add_argument("--host", default=os.environ.get("TRITON_HOST", "127.0.0.1"), help="bind address")
+    p.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    p.add_argument("--models", default="", help="comma-separated models to load (default: all)")
+    p.add_argument("--control-key", default="", help="key for model-control endpoints (restricted API)")
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-file", default="")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    p.add_argument("extra", nargs="*", help="extra tritonserver flags after --")
+    sub.add_parser("prepare-backends", help="assemble the server's backend directory")
+    sub.add_parser("check", help="fail clearly if setup is incomplete")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "serve":
+            return _serve(args)
+        if args.cmd == "prepare-backends":
+            print(f"backend directory ready: {prepare_backend_dir()}")
+            return 0
+        server_binary()
+        if not (paths.BACKEND_DIR / "python" / "libtriton_python.so").exists():
+            raise SetupError(f"backend directory {paths.BACKEND_DIR} is not prepared; run `make setup`.")
+        if shutil.which("perf_analyzer", path=str(paths.venv_bin())) is None:
+            raise SetupError("perf_analyzer not found in the venv; run `make setup`.")
+        print("setup ok")
+        return 0
+    except SetupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
