@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tritonkit.server import TritonServer  # noqa: E402
+from tritonkit.server import TritonServer
 
 
 @pytest.fixture(scope="session")

@@ -123,7 +123,24 @@ def to_pbtxt(cfg: mc.ModelConfig) -> str:
 
 # -- parsing and checking ------------------------------------------------------------------------------------
 
-_FIELD_IN_PARSE_ERROR = re.compile(r'(?:no field named|field) "([\w.]+)"|"([\w.]+)"')
+_NO_FIELD = re.compile(r'has no field named "(\w+)"')
+_POSITION = re.compile(r"^(\d+):(\d+)")
+
+
+def _field_of_parse_error(text: str, message: str) -> str:
+    """The field a text_format error is about: the unknown name, else the `field:` nearest the error position."""
+    match = _NO_FIELD.search(message)
+    if match:
+        return match.group(1)
+    pos = _POSITION.match(message)
+    if pos:
+        line_no, col = int(pos.group(1)), int(pos.group(2))
+        lines = text.splitlines()
+        if 0 < line_no <= len(lines):
+            names = re.findall(r"(\w+)\s*:", lines[line_no - 1][: col + 1])
+            if names:
+                return names[-1]
+    return "?"
 
 
 def parse_config(text: str, model: str = "<config>") -> mc.ModelConfig:
@@ -132,9 +149,7 @@ def parse_config(text: str, model: str = "<config>") -> mc.ModelConfig:
     try:
         text_format.Parse(text, cfg)
     except text_format.ParseError as err:
-        match = _FIELD_IN_PARSE_ERROR.search(str(err))
-        name = next((g for g in match.groups() if g), "?") if match else "?"
-        raise ConfigError(model, name, f"does not parse against ModelConfig ({err})") from None
+        raise ConfigError(model, _field_of_parse_error(text, str(err)), f"does not parse ({err})") from None
     return cfg
 
 
@@ -215,7 +230,7 @@ def _dims_compatible(a: Iterable[int], b: Iterable[int]) -> bool:
 def validate_repository(repository: Path) -> dict[str, mc.ModelConfig]:
     """Load every config and check that each ensemble's steps exist and connect with agreeing types."""
     configs = load_repository(repository)
-    for name, cfg in configs.items():
+    for cfg in configs.values():
         if cfg.platform == "ensemble":
             check_ensemble(cfg, configs)
     return configs

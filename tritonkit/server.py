@@ -202,16 +202,13 @@ class TritonServer:
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerStartError(
                     f"tritonserver exited with code {self.process.returncode}:\n{self.log_tail()}"
                 )
-            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return
+            if self.is_ready():
+                return
             time.sleep(0.25)
         raise ServerStartError(f"tritonserver not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
 

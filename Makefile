@@ -1,0 +1,33 @@
+# tritonkit — `make` lists the targets. Every target runs from any shell; the venv is used explicitly.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+PYTEST_ARGS ?=
+
+.PHONY: help setup serve build demo lint test check-configs clean
+
+help: ## list targets with one-line help
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+setup: ## install apt + pinned Python deps into .venv and prepare the server backend dir (idempotent)
+	@scripts/setup.sh
+
+serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METRICS_PORT); Ctrl-C stops it
+	@scripts/serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+check-configs: ## validate every config.pbtxt against Triton's ModelConfig schema, ensembles end to end
+	@$(PY) -m tritonkit.config
+
+lint: ## ruff over the whole project
+	@$(PY) -m ruff check .
+
+test: lint ## lint, then the whole test suite against real tritonserver instances
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean: ## remove build outputs (model artefacts, backend dir); keeps .venv
+	rm -rf .build build/artifacts perf/results
+	find model_repository -path '*/[0-9]*/*.onnx' -delete

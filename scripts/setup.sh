@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install everything tritonkit needs on Debian 12 x86-64 with Python 3.11: apt packages, the project venv with
+# pinned deps, and the server's backend directory. Idempotent: a second run only re-checks (seconds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+APT_PACKAGES=(libb64-0d)  # perf_analyzer links libb64.so.0d
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "[setup] apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+# Reinstall only when the pins change; pip resolution alone takes a minute.
+stamp="$VENV/.tritonkit-deps"
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] pip install -r requirements.txt (torch is the local CPU wheel; first run takes a few minutes)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -r requirements.txt
+  "$VENV/bin/python" -m pip install -q --no-deps -e .
+  echo "$want" > "$stamp"
+else
+  echo "[setup] Python deps up to date"
+fi
+
+"$VENV/bin/python" -m tritonkit.server prepare-backends
+"$VENV/bin/python" -m tritonkit.server check
