@@ -39,3 +39,16 @@ def smoke_repository(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smoke_server(start_server, smoke_repository) -> TritonServer:
     return start_server(smoke_repository)
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need TensorRT and a CUDA GPU; without them they skip with the exact reason."""
+    if not any("gpu" in item.keywords for item in items):
+        return
+    from tritonkit.engines import detect
+
+    reason = detect().skip_reason
+    if reason:
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=f"needs TensorRT + GPU: {reason}"))

@@ -114,6 +114,8 @@ class ModelSpec:
         path = Path(repository) / self.name / "config.pbtxt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_pbtxt())
+        if self.ensemble_steps:  # Triton loads an ensemble only with a (empty) version directory
+            (path.parent / "1").mkdir(exist_ok=True)
         return path
 
 

@@ -107,6 +107,23 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
+def embedded_models(repository: Path) -> tuple[list[str], list[str]]:
+    """(served, skipped): the embedded server has no TensorRT backend, so `tensorrt_plan` models made by
+    `make build-engines`, and ensembles that use them, are left to the NGC container."""
+    from tritonkit.config import load_repository
+
+    configs = load_repository(repository)
+    skipped = {n for n, c in configs.items() if c.platform == "tensorrt_plan" or c.backend == "tensorrt"}
+    changed = True
+    while changed:  # ensembles of ensembles
+        changed = False
+        for name, cfg in configs.items():
+            if name not in skipped and any(st.model_name in skipped for st in cfg.ensemble_scheduling.step):
+                skipped.add(name)
+                changed = True
+    return sorted(set(configs) - skipped), sorted(skipped)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -182,6 +199,11 @@ class TritonServer:
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         prepare_backend_dir(Path(self.backend_dir))
+        if self.model_control_mode == "none":
+            served, skipped = embedded_models(Path(self.model_repository))
+            if skipped:
+                self.model_control_mode, self.models = "explicit", served
+                print(f"embedded server: leaving TensorRT models to the NGC container: {', '.join(skipped)}")
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
