@@ -7,7 +7,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup serve build demo lint test check-configs clean
+.PHONY: help setup serve build build-engines serve-docker demo lint test check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -17,6 +17,16 @@ setup: ## install apt + pinned Python deps into .venv and prepare the server bac
 
 serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METRICS_PORT); Ctrl-C stops it
 	@scripts/serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+build: ## export ONNX + calibrate INT8 Q/DQ for both pipelines (skips what is up to date), with accuracy reports
+	@$(PY) -m tritonkit.build all
+
+build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs where TensorRT and a GPU exist
+	@$(PY) -m tritonkit.engines
+
+serve-docker: ## serve model_repository/ in the NGC tritonserver 24.10 container (needs Docker + NVIDIA runtime)
+	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
+	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
 
 check-configs: ## validate every config.pbtxt against Triton's ModelConfig schema, ensembles end to end
 	@$(PY) -m tritonkit.config
