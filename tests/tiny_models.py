@@ -125,3 +125,36 @@ def build_smoke_repository(repo: Path) -> Path:
         dynamic_batching=batching,
     ).write(repo)
     return repo
+
+
+SLEEPY_MODEL_PY = '''
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.delay = float(json.loads(args["model_config"])["parameters"]["delay_ms"]["string_value"]) / 1000
+
+    def execute(self, requests):
+        time.sleep(self.delay)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+            for r in requests
+        ]
+'''
+
+
+def build_sleepy_repository(repo: Path, delay_ms: int) -> Path:
+    """A Python-backend echo model that takes `delay_ms` per execute(): in-flight work for drain/crash tests."""
+    ModelSpec(
+        name="sleepy", backend="python", max_batch_size=8,
+        inputs=[Tensor("X", "FP32", [1])], outputs=[Tensor("Y", "FP32", [1])],
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=1000),
+        parameters={"delay_ms": str(delay_ms)},
+    ).write(repo)
+    (repo / "sleepy" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "sleepy" / "1" / "model.py").write_text(SLEEPY_MODEL_PY)
+    return repo

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonkit import paths
+
+# Endpoints that change what the server serves or how it logs: only callers holding the control key may use them.
+RESTRICTED_APIS = "model-repository,trace,logging"
+CONTROL_HEADER = "tritonkit-key"
 
 
 class SetupError(RuntimeError):
@@ -124,6 +130,30 @@ def embedded_models(repository: Path) -> tuple[list[str], list[str]]:
     return sorted(set(configs) - skipped), sorted(skipped)
 
 
+def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
+    """Stub processes in the server's process group, from /proc: instance name → (pid, model name).
+
+    A stub's argv is: stub, <repo>/<model>/<version>/<file>, shm region, sizes, parent pid, backend dir, ...,
+    instance name, ...; the model name is read from the path.
+    """
+    stubs = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[2]) != server_pid:
+                continue
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if argv and argv[0].endswith("triton_python_backend_stub") and len(argv) > 8:
+            model = Path(argv[1]).parent.parent.name
+            instance = next((a for a in argv[2:] if a.startswith(f"{model}_")), argv[1])
+            stubs[instance] = (int(entry), model)
+    return stubs
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -140,11 +170,15 @@ class TritonServer:
     grpc_port: int = 8001
     metrics_port: int = 8002
     backend_dir: Path = paths.BACKEND_DIR
-    # explicit mode with `models` loads only those; "none" loads the whole repository.
-    model_control_mode: str = "none"
+    # Explicit control (so a crashed stub's model can be reloaded); `models` empty = every model this server can
+    # serve (TensorRT ones are left to the NGC container).
+    model_control_mode: str = "explicit"
     models: list[str] = field(default_factory=list)
-    # Key required by the model-control/repository endpoints (restricted API); None leaves them open.
-    control_key: str | None = None
+    # Header `tritonkit-key: <key>` is required by the model-repository, trace and logging endpoints (Triton's
+    # restricted APIs). A random key per start unless given; None or "" is never used, so they are never open.
+    control_key: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    # Reload a model whose Python-backend stub died (Triton 2.51 marks it unhealthy but never restarts it).
+    recover_crashed_stubs: bool = True
     exit_timeout_s: int = 30
     extra_args: list[str] = field(default_factory=list)
     log_verbose: int = 0
@@ -192,18 +226,21 @@ class TritonServer:
             "--backend-config=python,shm-growth-byte-size=8388608",
         ]
         cmd += [f"--load-model={m}" for m in self.models]
-        if self.control_key:
-            cmd.append(f"--http-restricted-api=model-repository:tritonkit-key={self.control_key}")
-            cmd.append(f"--grpc-restricted-protocol=model-repository:tritonkit-key={self.control_key}")
+        if not self.control_key:
+            self.control_key = secrets.token_urlsafe(18)
+        restricted = f"{RESTRICTED_APIS}:{CONTROL_HEADER}={self.control_key}"
+        cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
         return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
         prepare_backend_dir(Path(self.backend_dir))
-        if self.model_control_mode == "none":
-            served, skipped = embedded_models(Path(self.model_repository))
-            if skipped:
-                self.model_control_mode, self.models = "explicit", served
-                print(f"embedded server: leaving TensorRT models to the NGC container: {', '.join(skipped)}")
+        served, skipped = embedded_models(Path(self.model_repository))
+        if self.model_control_mode == "none" and skipped:
+            self.model_control_mode = "explicit"
+        if self.model_control_mode == "explicit" and not self.models:
+            self.models = served
+        if skipped:
+            print(f"embedded server: leaving TensorRT models to the NGC container: {', '.join(skipped)}")
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
@@ -220,7 +257,50 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self.recoveries: list[dict] = []
+        if self.recover_crashed_stubs and self.model_control_mode == "explicit":
+            self._watchdog = threading.Thread(target=self._watch_stubs, args=(self.process,), daemon=True)
+            self._watchdog.start()
         return self
+
+    def stub_processes(self) -> dict[str, tuple[int, str]]:
+        """Live Python-backend stubs of this server: instance name → (pid, model name)."""
+        return {} if self.process is None else _stubs_of(self.process.pid)
+
+    def load_model(self, model: str, timeout_s: float = 120.0) -> None:
+        """(Re)load a model through the restricted repository API."""
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/models/{model}/load", data=b"{}", method="POST",
+            headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            response.read()
+
+    def _watch_stubs(self, process: subprocess.Popen) -> None:
+        known = _stubs_of(process.pid)
+        while self.process is process and process.poll() is None:
+            time.sleep(0.5)
+            if self.process is not process:
+                return
+            live = _stubs_of(process.pid)
+            dead = {known[i][1] for i in known if i not in live or live[i][0] != known[i][0]}
+            if dead and not self.is_ready():
+                known = live  # draining after SIGTERM: stubs leave with the server, nothing to recover
+                continue
+            for model in sorted(dead):
+                started = time.monotonic()
+                try:
+                    self.load_model(model)
+                    outcome = "reloaded"
+                except Exception as err:  # the watchdog must outlive any one failed reload
+                    if self.process is not process:
+                        return  # shutting down: stubs exit with the server
+                    outcome = f"reload failed: {err}"
+                self.recoveries.append(
+                    {"model": model, "outcome": outcome, "seconds": round(time.monotonic() - started, 2)}
+                )
+                print(f"stub of '{model}' died; {outcome} in {self.recoveries[-1]['seconds']}s", flush=True)
+            known = _stubs_of(process.pid)
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -280,13 +360,14 @@ def _serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
-        model_control_mode="explicit" if args.models else "none",
         models=args.models.split(",") if args.models else [],
-        control_key=args.control_key or os.environ.get("TRITONKIT_CONTROL_KEY"),
         log_verbose=args.log_verbose,
         log_path=Path(args.log_file) if args.log_file else None,
         extra_args=args.extra,
     )
+    key = args.control_key or os.environ.get("TRITONKIT_CONTROL_KEY")
+    if key:
+        server.control_key = key
     stopping = False
 
     def on_signal(signum, _frame):
@@ -304,6 +385,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ready  HTTP    http://{server.http_url}")
         print(f"       gRPC    {server.grpc_url}")
         print(f"       metrics {server.metrics_url}")
+        key_file = paths.BUILD_DIR / "control-key"
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key_file.touch(mode=0o600)
+        key_file.write_text(server.control_key + "\n")
+        print(f"model-repository/trace/logging APIs need header '{CONTROL_HEADER}' (key in {key_file})")
         print("Ctrl-C to stop.", flush=True)
         while server.process is not None and server.process.poll() is None:
             time.sleep(0.5)
