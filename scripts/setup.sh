@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
-APT_PACKAGES=(libb64-0d)  # perf_analyzer links libb64.so.0d
+# libb64-0d: perf_analyzer links libb64.so.0d; prometheus (+ promtool): the monitoring tests run the real one.
+APT_PACKAGES=(libb64-0d prometheus)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -15,7 +16,7 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "[setup] apt-get install ${missing[*]}"
   $SUDO apt-get update -qq || true
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -43,12 +43,12 @@ def smoke_server(start_server, smoke_repository) -> TritonServer:
 
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need TensorRT and a CUDA GPU; without them they skip with the exact reason."""
-    if not any("gpu" in item.keywords for item in items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
         return
     from tritonkit.engines import detect
 
     reason = detect().skip_reason
     if reason:
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason=f"needs TensorRT + GPU: {reason}"))
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"needs TensorRT + GPU: {reason}"))

@@ -9,6 +9,7 @@ import yaml
 
 from tritonkit import paths
 from tritonkit.config import find_configs, load_config
+from tritonkit.server import CONTROL_HEADER, RESTRICTED_APIS
 
 DOCKER = paths.ROOT / "docker"
 
@@ -28,7 +29,9 @@ def test_compose_mounts_repository_reserves_gpu_and_sets_shm():
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
     assert all(p.startswith("127.0.0.1:") for p in svc["ports"])  # loopback unless the user changes it
-    assert any(a.startswith("--http-restricted-api=model-repository:") for a in svc["command"])
+    restricted = f"{RESTRICTED_APIS}:{CONTROL_HEADER}="
+    assert any(a.startswith(f"--http-restricted-api={restricted}") for a in svc["command"])
+    assert any(a.startswith(f"--grpc-restricted-protocol={restricted}") for a in svc["command"])
 
 
 def _python_backend_imports() -> set[str]:

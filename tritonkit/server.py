@@ -209,6 +209,8 @@ class TritonServer:
             str(server_binary()),
             f"--model-repository={Path(self.model_repository).resolve()}",
             f"--backend-directory={Path(self.backend_dir).resolve()}",
+            # The wheel's response-cache implementations (`--cache-config local,size=...` needs them).
+            f"--cache-directory={triton_home() / 'caches'}",
             f"--http-address={self.host}",
             f"--http-port={self.http_port}",
             f"--grpc-address={self.host}",
@@ -218,6 +220,8 @@ class TritonServer:
             "--allow-gpu-metrics=false",
             "--allow-cpu-metrics=true",
             "--strict-readiness=true",
+            # p50/p90/p99 summaries per model on the metrics port (dashboards, perf reports).
+            "--metrics-config=summary_latencies=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--model-control-mode={self.model_control_mode}",
             f"--log-verbose={self.log_verbose}",
