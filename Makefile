@@ -7,7 +7,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup serve build build-engines serve-docker demo lint test check-configs clean
+.PHONY: help setup serve build build-engines serve-docker gateway manifests demo lint test check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -27,6 +27,12 @@ build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs w
 serve-docker: ## serve model_repository/ in the NGC tritonserver 24.10 container (needs Docker + NVIDIA runtime)
 	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
+
+gateway: ## OpenAI-compatible POST /v1/embeddings on 127.0.0.1:8080 in front of a running server's gRPC port
+	@$(PY) -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:$(GRPC_PORT)
+
+manifests: ## re-render deploy/k8s/*.yaml and the Grafana dashboard from tritonkit/deploy.py
+	@$(PY) -m tritonkit.deploy
 
 check-configs: ## validate every config.pbtxt against Triton's ModelConfig schema, ensembles end to end
 	@$(PY) -m tritonkit.config

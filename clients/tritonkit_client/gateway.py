@@ -1,0 +1,164 @@
+"""OpenAI-compatible `POST /v1/embeddings` in front of the `text_embedding` ensemble (aiohttp, gRPC to Triton).
+
+Speaks the protocol LangChain, LlamaIndex and the OpenAI SDKs use: `input` (string or list of strings),
+`encoding_format` (float | base64), `dimensions` (truncate, then re-normalise), `usage` token counts from the
+server's tokenizer. At most `max_in_flight` requests are forwarded at once; beyond that the gateway answers 429
+at once (with Retry-After) instead of queueing without bound.
+
+    python -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:8001
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import time
+
+import numpy as np
+from aiohttp import web
+
+from tritonkit_client.core import AsyncClient, ClientError, ServerUnavailable
+from tritonkit_client.text import MODEL, embed_async
+
+DIMENSIONS = 384
+MODEL_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", MODEL)
+MAX_INPUTS = 2048  # OpenAI's own per-request limit
+
+
+class RequestError(ValueError):
+    def __init__(self, message: str, param: str | None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.code = param, status, code
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+           code: str | None = None, headers: dict | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def parse_request(body: object) -> tuple[list[str], str, str, int]:
+    """Validate an embeddings request; errors name the field and the limit, as OpenAI's do."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object", None)
+    if "input" not in body:
+        raise RequestError("'input' is required", "input")
+    raw = body["input"]
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts:
+        raise RequestError("'input' must be a non-empty string or a non-empty list of strings", "input")
+    if len(texts) > MAX_INPUTS:
+        raise RequestError(f"'input' has {len(texts)} items; the limit is {MAX_INPUTS}", "input")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise RequestError(f"input[{i}] must be a string (token arrays are not supported)", f"input[{i}]")
+        if not text.strip():
+            raise RequestError(f"input[{i}] is empty or whitespace-only", f"input[{i}]")
+    model = body.get("model", MODEL_NAMES[0])
+    if model not in MODEL_NAMES:
+        raise RequestError(f"model '{model}' does not exist; this server has {', '.join(MODEL_NAMES)}", "model",
+                           status=404, code="model_not_found")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise RequestError(f"encoding_format must be 'float' or 'base64', not {encoding!r}", "encoding_format")
+    dims = body.get("dimensions", DIMENSIONS)
+    if not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= DIMENSIONS:
+        raise RequestError(f"dimensions must be an integer in 1..{DIMENSIONS}, got {dims!r}", "dimensions")
+    return texts, model, encoding, dims
+
+
+def shorten(vectors: np.ndarray, dims: int) -> np.ndarray:
+    """Keep the first `dims` components and re-normalise, so cosine = dot product still holds."""
+    if dims == vectors.shape[1]:
+        return vectors
+    cut = vectors[:, :dims]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+
+
+class Gateway:
+    def __init__(self, triton_url: str, protocol: str = "grpc", max_in_flight: int = 64,
+                 batch_size: int = 32, concurrency: int = 8, triton_model: str = MODEL):
+        self.triton_url, self.protocol, self.triton_model = triton_url, protocol, triton_model
+        self.max_in_flight, self.batch_size, self.concurrency = max_in_flight, batch_size, concurrency
+        self.in_flight = 0
+        self.rejected = 0
+        self.client: AsyncClient | None = None
+
+    async def _startup(self, _app) -> None:
+        self.client = AsyncClient(self.triton_url, protocol=self.protocol)
+
+    async def _cleanup(self, _app) -> None:
+        if self.client:
+            await self.client.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=32 * 1024 * 1024)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "tritonkit"} for name in MODEL_NAMES]})
+
+    async def health(self, _request: web.Request) -> web.Response:
+        try:
+            await self.client.check_ready(self.triton_model)
+        except ServerUnavailable as err:
+            return _error(503, str(err), kind="server_error")
+        return web.json_response({"status": "ok"})
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        if self.in_flight >= self.max_in_flight:
+            self.rejected += 1
+            return _error(429, f"gateway is at its limit of {self.max_in_flight} requests in flight; retry shortly",
+                          kind="rate_limit_error", code="rate_limit_exceeded", headers={"Retry-After": "1"})
+        self.in_flight += 1
+        try:
+            try:
+                texts, model, encoding, dims = parse_request(await request.json())
+            except ValueError as err:  # RequestError, or a body that is not JSON
+                if isinstance(err, RequestError):
+                    return _error(err.status, str(err), err.param, code=err.code)
+                return _error(400, f"request body is not valid JSON ({err})")
+            try:
+                result = await embed_async(texts, client=self.client, model=self.triton_model,
+                                           batch_size=self.batch_size, concurrency=self.concurrency)
+            except ServerUnavailable as err:
+                return _error(503, str(err), kind="server_error")
+            except ClientError as err:
+                return _error(400, str(err), "input")
+            vectors = shorten(result.vectors, dims).astype(np.float32)
+            tokens = int(result.num_tokens.sum())
+            data = []
+            for i, vector in enumerate(vectors):
+                value = base64.b64encode(vector.tobytes()).decode() if encoding == "base64" else vector.tolist()
+                data.append({"object": "embedding", "index": i, "embedding": value})
+            return web.json_response({
+                "object": "list", "data": data, "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            })
+        finally:
+            self.in_flight -= 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tritonkit-gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC address")
+    parser.add_argument("--max-in-flight", type=int, default=64, help="answer 429 beyond this many requests")
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per Triton request")
+    args = parser.parse_args(argv)
+    gateway = Gateway(args.triton, max_in_flight=args.max_in_flight, batch_size=args.batch_size)
+    started = time.strftime("%H:%M:%S")
+    print(f"[{started}] OpenAI-compatible embeddings at http://{args.host}:{args.port}/v1 → Triton {args.triton}")
+    web.run_app(gateway.app(), host=args.host, port=args.port, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
