@@ -7,13 +7,16 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup serve build build-engines serve-docker gateway manifests demo lint test check-configs clean
+.PHONY: help setup demo serve build build-engines serve-docker gateway manifests perf lint test check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install apt + pinned Python deps into .venv and prepare the server backend dir (idempotent)
 	@scripts/setup.sh
+
+demo: ## build what is missing, serve both pipelines, embed + rank texts, classify photos, stop
+	@$(PY) scripts/demo.py
 
 serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METRICS_PORT); Ctrl-C stops it
 	@scripts/serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
@@ -27,6 +30,12 @@ build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs w
 serve-docker: ## serve model_repository/ in the NGC tritonserver 24.10 container (needs Docker + NVIDIA runtime)
 	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
+
+perf: ## pipeline benchmarks: served vs in-process baselines (text, image, preprocess, gateway) → perf/results/
+	@$(PY) perf/bench_text.py
+	@$(PY) perf/bench_image.py
+	@$(PY) perf/bench_preprocess.py
+	@$(PY) perf/bench_gateway.py
 
 gateway: ## OpenAI-compatible POST /v1/embeddings on 127.0.0.1:8080 in front of a running server's gRPC port
 	@$(PY) -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:$(GRPC_PORT)

@@ -409,13 +409,20 @@ def axis_maxima(feeds: Sequence[Mapping[str, np.ndarray]], dims: Mapping[str, Se
     return out
 
 
+def trt_source_onnx(model_dir: Path, model: str) -> Path:
+    """The ONNX a plan is built from: the TensorRT-form Q/DQ graph the build keeps beside a served model whose
+    CPU-serving INT8 form differs (asymmetric uint8 activations, which TensorRT rejects), else the served one."""
+    trt_form = paths.ARTIFACTS / f"{model}.trt_qdq.onnx"
+    return trt_form if trt_form.exists() else Path(model_dir) / "1" / "model.onnx"
+
+
 def build_model_engines(spec, env: Environment, repository: Path = paths.MODEL_REPOSITORY,
                         precisions: Sequence[str] = PRECISIONS) -> list[Step]:
     sources = {"int8": spec.INT8_MODEL, "fp16": spec.FP32_MODEL}
     steps = []
     for precision in precisions:
         model_dir = Path(repository) / sources[precision]
-        onnx_path = model_dir / "1" / "model.onnx"
+        onnx_path = trt_source_onnx(model_dir, sources[precision])
         step = Step(trt_model_name(sources[precision], precision), sources[precision], precision, "skipped")
         if env.skip_reason:
             step.detail = f"TensorRT plan not built: {env.skip_reason}"

@@ -1,0 +1,58 @@
+"""Image preprocessor for the `image_classification` ensemble (Python backend over tritonkit.imaging).
+
+All images of all requests in one execute() are decoded into one FP32 batch; each request gets its rows back.
+A request with a corrupt, truncated, non-image or oversized image fails alone, with an error naming the
+element and the limit; the other requests of the batch are served.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonkit import imaging
+
+
+def _param(config: dict, key: str, default: str) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value")
+    return default if value in (None, "") else value
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        dims = pb_utils.get_output_config_by_name(config, "PIXELS")["dims"]
+        self.cfg = imaging.PreprocessConfig(
+            crop=int(dims[-1]),
+            resize=int(_param(config, "resize", "256")),
+            max_pixels=int(_param(config, "max_pixels", "40000000")),
+            max_bytes=int(_param(config, "max_bytes", str(32 * 1024 * 1024))),
+            field="IMAGE",
+        )
+
+    def execute(self, requests):
+        images: list[bytes] = []
+        owners: list[int] = []
+        responses = [None] * len(requests)
+        for r, request in enumerate(requests):
+            items = pb_utils.get_input_tensor_by_name(request, "IMAGE").as_numpy().reshape(-1)
+            images.extend(bytes(x) if not isinstance(x, bytes) else x for x in items)
+            owners.extend([r] * len(items))
+        pixels, errors = imaging.preprocess(images, self.cfg)
+        owners_arr = np.asarray(owners)
+        for r in range(len(requests)):
+            rows = np.flatnonzero(owners_arr == r)
+            bad = [errors[i] for i in rows if errors[i] is not None]
+            if bad:
+                # Element index within the request, not within the execute() batch.
+                first = int(np.flatnonzero([errors[i] is not None for i in rows])[0])
+                msg = str(bad[0]).split(": ", 1)[-1]
+                more = f" (+{len(bad) - 1} more bad images)" if len(bad) > 1 else ""
+                responses[r] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"image_preprocess: IMAGE[{first}]: {msg}{more}")
+                )
+                continue
+            responses[r] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("PIXELS", pixels[rows])])
+        return responses

@@ -1,0 +1,163 @@
+"""The text_embedding ensemble on a real tritonserver: equals sentence-transformers, handles bad input, stays up."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from text_support import int8_report, st_model, start_text_server
+from tritonclient.utils import InferenceServerException
+from tritonkit_client import AsyncClient, Client, ClientError, embed, embed_async
+
+from tritonkit import data
+from tritonkit.perf import metrics_counters
+
+OUTPUTS = ["embedding", "num_tokens", "truncated"]
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_text_server(start_server)
+
+
+def _texts_of_mixed_lengths(n: int = 48) -> list[str]:
+    sentences = data.split("evaluation")
+    texts = []
+    for i in range(n):
+        # 1 to 6 sentences joined: from a few tokens up to and past the 256-token limit.
+        texts.append(" ".join(sentences[i * 7 : i * 7 + 1 + (i % 6) * (2 if i % 4 == 3 else 1)]))
+    texts[5] = " ".join(sentences[300:330])  # far over the limit
+    return texts
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def _concurrent_single_requests(url: str, model: str, texts: list[str]) -> np.ndarray:
+    """One request per text, 16 in flight: the server batches requests of different lengths together."""
+    client = Client(url)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda t: embed([t], client=client, model=model, concurrency=1), texts))
+    return np.concatenate([r.vectors for r in results])
+
+
+def _good_request_works(server) -> None:
+    assert embed(["still serving"], url=server.http_url).vectors.shape == (1, 384)
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as r:
+        assert r.status == 200
+
+
+def test_fp32_ensemble_equals_sentence_transformers_concurrently(server):
+    texts = _texts_of_mixed_lengths()
+    want = st_model().encode(texts, batch_size=16)
+    got = _concurrent_single_requests(server.http_url, "text_embedding_fp32", texts)
+    cos = _cos(got, want)
+    assert cos.min() >= 0.9999, f"worst text {int(cos.argmin())}: cos {cos.min():.6f}"
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+
+
+def test_int8_ensemble_within_report_bounds_concurrently(server):
+    bound = int8_report()["metrics"]["cosine_min"]
+    texts = _texts_of_mixed_lengths()
+    want = st_model().encode(texts, batch_size=16)
+    got = _concurrent_single_requests(server.http_url, "text_embedding", texts)
+    cos = _cos(got, want)
+    # The report measures INT8 against the FP32 graph, which equals sentence-transformers to 1e-4.
+    assert cos.min() >= bound - 1e-3, f"worst text {int(cos.argmin())}: cos {cos.min():.5f} < report {bound:.5f}"
+
+
+def test_requests_of_different_lengths_share_a_run_without_full_padding(server):
+    before = metrics_counters(server.metrics_url)
+    texts = _texts_of_mixed_lengths(32)
+    _concurrent_single_requests(server.http_url, "text_embedding", texts)
+    after = metrics_counters(server.metrics_url)
+    delta = {k[0]: after[k] - before.get(k, 0.0) for k in after if k[1] == "text_encoder"}
+    runs, requests = delta["tritonkit_ort_session_runs_total"], delta["tritonkit_ort_batched_requests_total"]
+    assert requests == 32 and runs < requests, "requests were not batched together"
+    total, padding = delta["tritonkit_ort_input_elements_total"], delta["tritonkit_ort_padding_elements_total"]
+    # Everything padded to 256 would be 2*32*256 elements; ragged batching pads to each run's longest only.
+    assert total < 2 * 32 * 256 and 0 <= padding < total
+
+
+def test_batch_of_texts_in_one_request_and_all_clients_agree(server):
+    texts = _texts_of_mixed_lengths(10)
+    http = embed(texts, url=server.http_url, batch_size=4, concurrency=3)
+    grpc = embed(texts, url=server.grpc_url, protocol="grpc", batch_size=10)
+    aio_http = asyncio.run(embed_async(texts, url=server.http_url, batch_size=3, concurrency=4))
+    aio_grpc = asyncio.run(embed_async(texts, url=server.grpc_url, protocol="grpc", batch_size=5))
+    for other in (grpc, aio_http, aio_grpc):
+        assert _cos(other.vectors, http.vectors).min() > 0.9999
+        assert (other.num_tokens == http.num_tokens).all() and (other.truncated == http.truncated).all()
+
+
+def test_long_text_is_truncated_and_flagged(server):
+    long_text = " ".join(data.split("evaluation")[400:440])
+    result = embed([long_text, "short text"], url=server.http_url, model="text_embedding_fp32")
+    assert result.truncated.tolist() == [True, False]
+    assert result.num_tokens[0] == 256 and result.num_tokens[1] < 10
+    # Truncated exactly like sentence-transformers (max_seq_length 256).
+    assert _cos(result.vectors[:1], st_model().encode([long_text]))[0] >= 0.9999
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"", "text[0] is empty or whitespace-only"),
+        (b" \t\n ", "text[0] is empty or whitespace-only"),
+        (b"caf\xe9 au lait", "text[0] is not valid UTF-8 (byte 0xe9 at offset 3)"),
+    ],
+)
+def test_bad_text_gets_a_clear_error_and_server_stays_healthy(server, value, message):
+    client = Client(server.http_url)
+    with pytest.raises(ClientError, match=re.escape(message)):
+        client.infer("text_embedding", {"text": np.array([[value]], dtype=object)}, OUTPUTS)
+    # The error names the element: the second of a batch.
+    with pytest.raises(ClientError, match=r"text\[1\]"):
+        client.infer("text_embedding", {"text": np.array([[b"fine"], [value]], dtype=object)}, OUTPUTS)
+    _good_request_works(server)
+
+
+def test_wrong_dtype_is_rejected(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    tensor = httpclient.InferInput("text", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[7]], dtype=np.int32))
+    with pytest.raises(InferenceServerException, match=r"(?i)data-?type"):
+        client.infer("text_embedding", [tensor])
+    _good_request_works(server)
+
+
+def test_wrong_shape_is_rejected(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("text", [1, 2], "BYTES")
+    tensor.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=object))
+    with pytest.raises(InferenceServerException, match=r"(?i)shape"):
+        client.infer("text_embedding", [tensor])
+    _good_request_works(server)
+
+
+def test_batch_over_max_batch_size_is_rejected(server):
+    client = Client(server.http_url)
+    texts = np.array([[b"word"]] * 65, dtype=object)
+    with pytest.raises(ClientError, match=r"(?i)batch.?size must be <= 64"):
+        client.infer("text_embedding", {"text": texts}, OUTPUTS)
+    # 64 is fine, and the client library splits larger inputs itself.
+    assert len(client.infer("text_embedding", {"text": texts[:64]}, OUTPUTS)["embedding"]) == 64
+    assert embed(["word"] * 130, url=server.http_url, batch_size=64).vectors.shape == (130, 384)
+    _good_request_works(server)
+
+
+def test_async_client_reports_server_errors(server):
+    async def go():
+        async with AsyncClient(server.http_url) as client:
+            await client.check_ready("text_embedding")
+            with pytest.raises(ClientError, match="empty"):
+                await client.infer("text_embedding", {"text": np.array([[b""]], dtype=object)}, OUTPUTS)
+
+    asyncio.run(go())
