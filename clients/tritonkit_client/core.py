@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -77,23 +78,28 @@ def _is_connection_error(err: Exception) -> bool:
     )
 
 
-class Client:
-    """Synchronous client (HTTP or gRPC). Thread-safe: each thread gets its own tritonclient connection."""
+class _ClientBase:
+    """What the sync and asyncio clients share: the endpoint and tritonclient's module for the protocol."""
 
-    def __init__(self, url: str | None = None, protocol: str = "http", timeout_s: float = 60.0):
+    _MODULE_SUFFIX = ""  # ".aio" for the asyncio clients
+
+    def __init__(self, url: str | None, protocol: str, timeout_s: float):
         self.endpoint = Endpoint(url, protocol, timeout_s)
-        self._local = threading.local()
 
     @property
     def protocol(self) -> str:
         return self.endpoint.protocol
 
     def _module(self):
-        if self.protocol == "grpc":
-            import tritonclient.grpc as module
-        else:
-            import tritonclient.http as module
-        return module
+        return importlib.import_module(f"tritonclient.{self.protocol}{self._MODULE_SUFFIX}")
+
+
+class Client(_ClientBase):
+    """Synchronous client (HTTP or gRPC). Thread-safe: each thread gets its own tritonclient connection."""
+
+    def __init__(self, url: str | None = None, protocol: str = "http", timeout_s: float = 60.0):
+        super().__init__(url, protocol, timeout_s)
+        self._local = threading.local()
 
     def _client(self):
         client = getattr(self._local, "client", None)
@@ -177,23 +183,14 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(_ClientBase):
     """asyncio client (tritonclient.http.aio / tritonclient.grpc.aio)."""
 
+    _MODULE_SUFFIX = ".aio"
+
     def __init__(self, url: str | None = None, protocol: str = "http", timeout_s: float = 60.0):
-        self.endpoint = Endpoint(url, protocol, timeout_s)
+        super().__init__(url, protocol, timeout_s)
         self._client = None
-
-    @property
-    def protocol(self) -> str:
-        return self.endpoint.protocol
-
-    def _module(self):
-        if self.protocol == "grpc":
-            import tritonclient.grpc.aio as module
-        else:
-            import tritonclient.http.aio as module
-        return module
 
     def _get(self):
         if self._client is None:
