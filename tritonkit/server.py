@@ -263,7 +263,9 @@ class TritonServer:
             raise
         self.recoveries: list[dict] = []
         if self.recover_crashed_stubs and self.model_control_mode == "explicit":
-            self._watchdog = threading.Thread(target=self._watch_stubs, args=(self.process,), daemon=True)
+            # Snapshot the stubs before start() returns, so a stub that dies at once is still seen as a crash.
+            known = _stubs_of(self.process.pid)
+            self._watchdog = threading.Thread(target=self._watch_stubs, args=(self.process, known), daemon=True)
             self._watchdog.start()
         return self
 
@@ -280,8 +282,7 @@ class TritonServer:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             response.read()
 
-    def _watch_stubs(self, process: subprocess.Popen) -> None:
-        known = _stubs_of(process.pid)
+    def _watch_stubs(self, process: subprocess.Popen, known: dict[str, tuple[int, str]]) -> None:
         while self.process is process and process.poll() is None:
             time.sleep(0.5)
             if self.process is not process:
@@ -289,7 +290,8 @@ class TritonServer:
             live = _stubs_of(process.pid)
             dead = {known[i][1] for i in known if i not in live or live[i][0] != known[i][0]}
             if dead and not self.is_ready():
-                known = live  # draining after SIGTERM: stubs leave with the server, nothing to recover
+                # Draining after SIGTERM (stubs leave with the server), or too busy to answer: look again next tick,
+                # keeping the dead stubs in `known` so a crash is never forgotten.
                 continue
             for model in sorted(dead):
                 started = time.monotonic()
