@@ -35,6 +35,19 @@ MEMORY_BOUND_FRACTION = 0.10
 P99_DRIFT = 2.0
 
 
+def cpu_cores(samples: list[dict], start_s: float, end_s: float) -> dict:
+    """Mean cores used between the memory samples nearest to start_s and end_s."""
+    a = min(samples, key=lambda s: abs(s["t_s"] - start_s))
+    b = min(samples, key=lambda s: abs(s["t_s"] - end_s))
+    span = b["t_s"] - a["t_s"]
+    if span <= 0:
+        return {}
+    server, client = b["server_cpu_s"] - a["server_cpu_s"], b["client_cpu_s"] - a["client_cpu_s"]
+    busy = b["machine_busy_s"] - a["machine_busy_s"]
+    return {"server_cores": server / span, "client_cores": client / span,
+            "other_cores": max(0.0, busy - server - client) / span}
+
+
 def soak(
     server: TritonServer,
     duration_s: float,
@@ -63,6 +76,12 @@ def soak(
         outcomes = load.open_loop(server.grpc_url, [(workloads[n], r) for n, r in rates.items()], duration_s,
                                   arrivals="poisson")
     windows = load.by_window(outcomes, window_s, duration_s)
+    for name in workloads:  # which pipeline a drift comes from
+        mine = load.by_window([o for o in outcomes if o.workload == name], window_s, duration_s)
+        for w, m in zip(windows, mine, strict=True):
+            w[f"{name}_p99_ms"] = m["ok_p99_ms"]
+    for w in windows:  # who had the cores in each window: server, load generator, anything else on the machine
+        w.update(cpu_cores(mem.samples, w["start_s"], w["start_s"] + window_s))
     per_pipeline = {n: load.summarize([o for o in outcomes if o.workload == n], duration_s) for n in workloads}
     total = load.summarize(outcomes, duration_s)
 
@@ -92,10 +111,14 @@ def soak(
 
 def markdown(result: dict) -> str:
     f = lambda v: "–" if v != v else f"{v:.0f}"  # noqa: E731 (nan → dash)
-    lines = ["| window | requests | ok | rejected | errors | p50 ms | p99 ms |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    g = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = ["| window | requests | ok | rejected | errors | p50 ms | p99 ms | text p99 | image p99 "
+             "| cores: server / load generator / other |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for w in result["windows"]:
         lines.append(f"| {w['window']} | {w['requests']} | {w['ok']} | {w['rejected']} | {w['errors']} | "
-                     f"{f(w['ok_p50_ms'])} | {f(w['ok_p99_ms'])} |")
+                     f"{f(w['ok_p50_ms'])} | {f(w['ok_p99_ms'])} | {f(w.get('text_p99_ms', float('nan')))} | "
+                     f"{f(w.get('image_p99_ms', float('nan')))} | {g(w.get('server_cores'))} / "
+                     f"{g(w.get('client_cores'))} / {g(w.get('other_cores'))} |")
     t, m = result["total"], result["memory"]
     lines += [
         "",

@@ -75,8 +75,13 @@ def test_default_configs_have_no_queue_policy_and_the_overload_profile_sheds_at_
         assert 0 < policy.max_queue_size <= 4096, (model, policy.max_queue_size)
         assert 0 < policy.default_timeout_microseconds <= 2_000_000, (model, policy.default_timeout_microseconds)
         assert policy.allow_timeout_override, model
-        # Only the queue policy differs from the default config.
+        # Only the queue policy differs from the default config, and the instance count where the profile
+        # keeps a first step from outrunning the next one.
         profile[model].dynamic_batching.ClearField("default_queue_policy")
+        if model in rv.OVERLOAD_INSTANCES:
+            assert [g.count for g in profile[model].instance_group] == [rv.OVERLOAD_INSTANCES[model]], model
+            for g_profile, g_default in zip(profile[model].instance_group, defaults[model].instance_group, strict=True):
+                g_profile.count = g_default.count
         assert to_pbtxt(profile[model]) == to_pbtxt(defaults[model]), model
     # The first step of every served ensemble (not the TensorRT variants) sheds under the profile.
     for cfg in defaults.values():

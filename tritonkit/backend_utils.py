@@ -43,6 +43,7 @@ ORT_COUNTERS = (
     ("batched_requests", "requests served by those calls"),
     ("input_elements", "input elements fed to session.run, padding included"),
     ("padding_elements", "of those, elements added by ragged right-padding"),
+    ("arena_releases", "times the CPU memory arena was handed back to the OS after a burst (ArenaRelease)"),
 )
 
 
@@ -64,3 +65,44 @@ def error_response(pb_utils, message: str, client: bool = True):
     code = getattr(pb_utils.TritonError, "INVALID_ARG", None) if client else None
     error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
     return pb_utils.InferenceResponse(error=error)
+
+
+class ArenaRelease:
+    """When to hand onnxruntime's CPU arena back to the OS.
+
+    The arena keeps its high-water mark: one burst of max-size batches (a backlog after a stall) pins their
+    activations for the life of the stub (measured: EfficientNet-Lite0 INT8, batch 64 → +300 MiB, kept).
+    ORT's run option `memory.enable_memory_arena_shrinkage` frees unused chunks, but costs ~45 % on the run that
+    re-grows them, so it is applied once, on the `calm_runs`-th consecutive run at or below `rows` after a run
+    above it: sustained overload (only big batches) never pays for it, and memory returns when the burst ends.
+
+    Config parameter `arena_release_batch` (rows; default max_batch_size // 4, "0" turns this off).
+    """
+
+    def __init__(self, config: dict, calm_runs: int = 4):
+        default = str(max(1, int(config.get("max_batch_size", 0)) // 4))
+        self.rows = int(param(config, "arena_release_batch", default))
+        self.calm_runs = calm_runs
+        self.calm = 0
+        self.pending = False
+        self.releases = 0
+
+    def run_options(self, rows: int):
+        """RunOptions for a session.run over `rows` rows, or None (the default options)."""
+        if self.rows <= 0:
+            return None
+        if rows > self.rows:
+            self.pending, self.calm = True, 0
+            return None
+        if not self.pending:
+            return None
+        self.calm += 1
+        if self.calm < self.calm_runs:
+            return None
+        import onnxruntime as ort
+
+        self.pending, self.calm = False, 0
+        self.releases += 1
+        options = ort.RunOptions()
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        return options

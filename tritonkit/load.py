@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import os
 import random
@@ -138,11 +139,21 @@ async def open_loop_async(
                 task.add_done_callback(lambda done: (tasks.discard(done), record(done.result())))
             i += 1
 
+    async def freeze_old_objects() -> None:
+        # Outcomes pile up for minutes; without this every full GC rescans all of them and its pauses, which
+        # grow with the run, show up as client-side latency in the late windows of a soak.
+        while True:
+            await asyncio.sleep(5.0)
+            gc.freeze()
+
+    freezer = asyncio.ensure_future(freeze_old_objects())
     try:
         await asyncio.gather(*(stream(w, r, rng.randrange(2**31)) for w, r in traffic if r > 0))
         while tasks:
             await asyncio.wait(set(tasks))
     finally:
+        freezer.cancel()
+        gc.unfreeze()
         await client.close()
     return outcomes
 
@@ -253,6 +264,23 @@ def _rollup(pid: int) -> dict[str, int]:
     return out
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of the group."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in _group_pids(pgid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat; steal included: time another tenant took)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+
+
 def group_memory(pgid: int) -> dict:
     """RSS and PSS (MiB) of every process in the group: the server and its Python-backend stubs, with a
     breakdown by model (a stub's model is read from its argv).
@@ -295,7 +323,12 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> dict:
-        s = {"t_s": round(time.perf_counter() - self._started, 1), **group_memory(self.pgid)}
+        # CPU of the server group and of this (load-generating) process: on a shared 2-core machine a latency
+        # change is only readable next to who had the cores.
+        times = os.times()
+        s = {"t_s": round(time.perf_counter() - self._started, 1), **group_memory(self.pgid),
+             "server_cpu_s": group_cpu_s(self.pgid), "client_cpu_s": times.user + times.system,
+             "machine_busy_s": machine_busy_s()}
         self.samples.append(s)
         return s
 

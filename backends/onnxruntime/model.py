@@ -14,6 +14,9 @@ Config `parameters` (string values), same keys as the native backend where one e
   ragged_max_padding                              split a ragged batch into length buckets so that padding is
                                                   at most this fraction of each run's elements (tritonkit.batching;
                                                   default: one run per execute(), padded to the longest)
+  arena_release_batch                             after a burst of runs above this many rows, give ORT's CPU
+                                                  arena back to the OS (tritonkit.backend_utils.ArenaRelease;
+                                                  default max_batch_size // 4, "0": never)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from tritonkit.backend_utils import error_response, ort_metrics, param, session_options
+from tritonkit.backend_utils import ArenaRelease, error_response, ort_metrics, param, session_options
 from tritonkit.batching import length_buckets
 
 
@@ -73,6 +76,7 @@ class TritonPythonModel:
                 )
         labels = {"model": self.name, "version": str(args["model_version"])}
         self._families, self._metrics = ort_metrics(pb_utils, labels)
+        self.arena = ArenaRelease(self.config)
 
     # -- request handling ---------------------------------------------------------------------------------
     def _read(self, request) -> dict[str, np.ndarray]:
@@ -138,8 +142,11 @@ class TritonPythonModel:
             merged, total, padding = feeds_list[0], sum(a.size for a in feeds_list[0].values()), 0
         else:
             merged, total, padding = self._batch(feeds_list)
-        results = self.session.run([name for name, _ in self.outputs], merged)
+        rows = next(iter(merged.values())).shape[0] if self.max_batch_size else 1
+        release = self.arena.run_options(rows)
+        results = self.session.run([name for name, _ in self.outputs], merged, release)
         self._metrics["session_runs"].increment(1)
+        self._metrics["arena_releases"].increment(int(release is not None))
         self._metrics["batched_requests"].increment(len(feeds_list))
         self._metrics["input_elements"].increment(total)
         self._metrics["padding_elements"].increment(padding)

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 from tritonkit import textproc
-from tritonkit.backend_utils import error_response, ort_metrics, param, session_options
+from tritonkit.backend_utils import ArenaRelease, error_response, ort_metrics, param, session_options
 from tritonkit.batching import length_buckets
 
 
@@ -53,6 +53,7 @@ class TritonPythonModel:
         labels = {"model": self.name, "version": str(args["model_version"])}
         # Same counters as backends/onnxruntime, so dashboards and benchmarks read padding waste alike.
         self._families, self._metrics = ort_metrics(pb_utils, labels)
+        self.arena = ArenaRelease(config)
 
     def _embed(self, encodings: list) -> np.ndarray:
         lengths = [len(e.ids) for e in encodings]
@@ -61,7 +62,9 @@ class TritonPythonModel:
         fed = 0
         for rows in runs:
             ids, mask = textproc.pad([encodings[i] for i in rows])
-            out[rows] = self.session.run(["embedding"], {"input_ids": ids, "attention_mask": mask})[0]
+            release = self.arena.run_options(len(rows))
+            out[rows] = self.session.run(["embedding"], {"input_ids": ids, "attention_mask": mask}, release)[0]
+            self._metrics["arena_releases"].increment(int(release is not None))
             fed += 2 * ids.size
         self._metrics["session_runs"].increment(len(runs))
         self._metrics["input_elements"].increment(fed)

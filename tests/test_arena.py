@@ -1,0 +1,82 @@
+"""ORT's CPU arena goes back to the OS after a burst of big batches (tritonkit.backend_utils.ArenaRelease).
+
+Without it one backlog of batch-64 runs pins ~300 MiB in the image classifier's stub for its lifetime (the
+10-minute soak's memory step); with it, memory returns once a few ordinary runs follow, and sustained big
+batches never pay the re-growth cost.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tritonkit import build, load, paths
+from tritonkit.backend_utils import ArenaRelease
+
+
+def _decisions(release: ArenaRelease, rows: list[int]) -> list[bool]:
+    return [release.run_options(r) is not None for r in rows]
+
+
+def test_release_once_after_calm_runs():
+    release = ArenaRelease({"max_batch_size": 64})
+    assert release.rows == 16
+    # small runs only: never; a burst, then the 4th ordinary run releases, once.
+    assert _decisions(release, [1, 8, 16, 16, 3]) == [False] * 5
+    assert _decisions(release, [64, 64, 2, 3, 4, 5, 6, 7]) == [False] * 5 + [True, False, False]
+    assert release.releases == 1
+
+
+def test_sustained_big_batches_never_release():
+    release = ArenaRelease({"max_batch_size": 64})
+    # overload: big batches with the odd small one in between must not trigger the costly re-growth
+    assert not any(_decisions(release, [64, 64, 1, 64, 2, 3, 64, 48, 1, 1, 1, 64] * 10))
+
+
+def test_parameter_sets_threshold_and_zero_disables():
+    cfg = {"max_batch_size": 64, "parameters": {"arena_release_batch": {"string_value": "0"}}}
+    assert not any(_decisions(ArenaRelease(cfg), [64, 1, 1, 1, 1, 1]))
+    cfg["parameters"]["arena_release_batch"]["string_value"] = "32"
+    assert _decisions(ArenaRelease(cfg), [48, 32, 32, 32, 32]) == [False, False, False, False, True]
+
+
+def _metric(server, name: str, model: str) -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} for {model} not exported")
+
+
+@pytest.mark.slow
+def test_classifier_stub_memory_returns_after_burst(start_server):
+    build.build("image", progress=False)
+    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=["image_classifier"])
+    client = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), network_timeout=120)
+    rng = np.random.default_rng(0)
+
+    def infer(batch: np.ndarray) -> np.ndarray:
+        inp = httpclient.InferInput("pixels", list(batch.shape), "FP32")
+        inp.set_data_from_numpy(batch, binary_data=True)
+        out = httpclient.InferRequestedOutput("probabilities", binary_data=True)
+        return client.infer("image_classifier", [inp], outputs=[out]).as_numpy("probabilities")
+
+    def stub_pss() -> float:
+        return load.group_memory(server.process.pid)["pss_by_process_mib"]["image_classifier"]
+
+    one = rng.standard_normal((1, 3, 224, 224), dtype=np.float32)
+    before = infer(one)
+    for _ in range(3):
+        infer(rng.standard_normal((64, 3, 224, 224), dtype=np.float32))
+    peak = stub_pss()
+    assert _metric(server, "tritonkit_ort_arena_releases_total", "image_classifier") == 0
+    for _ in range(4):
+        after = infer(one)
+    released = stub_pss()
+    print(f"image_classifier stub PSS: after burst {peak:.0f} MiB, after release {released:.0f} MiB")
+    assert _metric(server, "tritonkit_ort_arena_releases_total", "image_classifier") == 1
+    assert peak - released >= 100, (peak, released)
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
