@@ -11,7 +11,6 @@ and the gateway's throughput overhead; writes perf/results/gateway-<time>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -21,11 +20,9 @@ import urllib.request
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import build, data, paths
-from tritonkit.perf import PerfPoint, median_point, print_table, time_in_process
+from tritonkit import build, data
+from tritonkit.perf import PerfPoint, median_point, print_table, save_results, time_in_process
 from tritonkit.server import TritonServer, free_port
-
-RESULTS = paths.ROOT / "perf" / "results"
 
 
 def start_gateway(grpc_url: str) -> tuple[subprocess.Popen, int]:
@@ -89,11 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     overhead = 1 - statistics.median(ratios)
     print_table(list(points.values()), f"text_embedding, {n} texts per request, concurrency {args.concurrency}")
     print(f"gateway throughput overhead vs direct gRPC: {overhead:.1%} (median of {args.repeats} paired runs)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"gateway-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "points": {k: v.to_json() for k, v in points.items()},
-                               "paired_ratios": ratios, "overhead": overhead}, indent=2))
-    print(f"wrote {out.relative_to(paths.ROOT)}")
+    save_results("gateway", {"args": vars(args), "points": {k: v.to_json() for k, v in points.items()},
+                             "paired_ratios": ratios, "overhead": overhead}, argv)
     return 0
 
 
