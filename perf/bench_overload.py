@@ -49,24 +49,6 @@ def workload(pipeline: str) -> load.Workload:
     return load.image_workload(load.real_images())
 
 
-def step_stats(server: TritonServer, models) -> dict[str, dict[str, int]]:
-    """Per composing model: successful and failed requests (failed = shed there) and total queue time."""
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
-        out = {}
-        for m in models:
-            model = client.get_inference_statistics(m)["model_stats"][0]
-            st = model["inference_stats"]
-            out[m] = {"success": int(st["success"]["count"]), "fail": int(st["fail"]["count"]),
-                      "queue_ns": int(st["queue"]["ns"]), "executions": int(model["execution_count"]),
-                      "compute_ns": sum(int(b["compute_infer"]["ns"]) for b in model.get("batch_stats", []))}
-        return out
-    finally:
-        client.close()
-
-
 def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> dict:
     ensemble, steps = PIPELINES[pipeline]
     w = workload(pipeline)
@@ -78,15 +60,14 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
         rate = args.factor * cap["ok_per_s"]
         print(f"[{pipeline}/{policy}] capacity {cap['ok_per_s']:.1f}/s (closed loop c={args.capacity_concurrency}, "
               f"p99 {cap['ok_p99_ms']:.0f} ms); offering {rate:.0f}/s for {args.seconds:.0f}s", flush=True)
-        stats_before = step_stats(server, steps)
+        stats_before = load.model_stats(server.http_url, steps)
         with load.MemorySampler(server.process.pid, interval_s=1.0) as mem:
             started, cpu0 = time.perf_counter(), time.process_time()
             outcomes = load.open_loop(server.grpc_url, [(w, rate)], args.seconds, arrivals="poisson",
                                       request_timeout_s=args.client_timeout)
             drained_s = time.perf_counter() - started
             client_cpu_s = time.process_time() - cpu0
-        steps_delta = {m: {k: v - stats_before[m][k] for k, v in st.items()}
-                       for m, st in step_stats(server, steps).items()}
+        steps_delta = load.stats_delta(stats_before, load.model_stats(server.http_url, steps))
         summary = load.summarize(outcomes, args.seconds)
         healthy = server.is_ready()
         after = load.summarize(load.open_loop(server.grpc_url, [(w, 5.0)], 2.0), 2.0)
@@ -97,11 +78,7 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
             "drained_s": drained_s,
             # The load generator shares the 2 cores with the server: its CPU time is load the server does not get.
             "client_cpu_fraction_of_one_core": client_cpu_s / drained_s,
-            "steps": {m: {"success": d["success"], "failed": d["fail"],
-                          "queue_ms_per_success": d["queue_ns"] / 1e6 / max(1, d["success"]),
-                          "requests_per_execution": d["success"] / max(1, d["executions"]),
-                          "compute_ms_per_execution": d["compute_ns"] / 1e6 / max(1, d["executions"])}
-                      for m, d in steps_delta.items()},
+            "steps": steps_delta,
             "memory_before": mem.samples[0], "memory_after": mem.samples[-1],
             "peak_pss_mib": max(s["pss_mib"] for s in mem.samples),
             "peak_rss_mib": max(s["rss_mib"] for s in mem.samples),

@@ -7,13 +7,16 @@ Starts tritonserver with text_embedding and image_classification, measures each 
 of the `benchmark` split and the bundled JPEG photos -- at `rate-fraction` of capacity, split between the two
 pipelines by `text-share` of their capacities (0.5: half of each, so together ~rate-fraction of the machine).
 Every answer is checked (unit-norm embedding; probabilities summing to 1). Per window (default one minute):
-requests, ok, rejected, errors, p50/p99. Every 10 s: RSS and PSS of the server + Python-backend stubs.
+requests, ok, rejected, errors, p50/p99 (all and per pipeline), the cores used by the server, the load generator
+and anything else, and Triton's mean queue time and batch per step. Every 10 s: RSS and PSS of the server +
+Python-backend stubs.
 
 Verdict (PASS/FAIL, exit code 1 on FAIL):
   - zero errors and zero rejections (70 % is below capacity: nothing should be shed),
   - last-window p99 <= 2x first-window p99 (no latency drift; 2x allows for a 2-core machine shared with other
     jobs),
-  - PSS of server + stubs after warm-up (the first window) grows by at most max(64 MiB, 10 %) to the end.
+  - the floor of PSS of server + stubs (lowest sample per window) grows by at most max(64 MiB, 10 %) from the
+    first window after warm-up to the last; the peak is reported beside it.
 Writes perf/results/soak-<time>.json and prints a Markdown table. tests/test_soak.py runs 60 s of it.
 """
 
@@ -22,6 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -30,6 +35,7 @@ from tritonkit.perf import save_results
 from tritonkit.server import TritonServer
 
 MODELS = ["text_embedding", "image_classification"]
+STEPS = ("tokenizer", "text_encoder", "image_preprocess", "image_classifier")
 MEMORY_BOUND_MIB = 64.0
 MEMORY_BOUND_FRACTION = 0.10
 P99_DRIFT = 2.0
@@ -72,10 +78,27 @@ def soak(
     progress(f"offering text {rates['text']:.1f}/s + image {rates['image']:.1f}/s for {duration_s:.0f}s "
              f"({100 * rate_fraction:.0f} % of capacity)")
 
+    # Triton's statistics at every window boundary: where a slow minute spent its time (queue or compute, which
+    # step), or whether it was outside the server.
+    snapshots = [load.model_stats(server.http_url, STEPS)]
+    stop = threading.Event()
+
+    def snapshot_windows(started: float) -> None:
+        k = 1
+        while not stop.wait(max(0.0, started + k * window_s - time.perf_counter())):
+            snapshots.append(load.model_stats(server.http_url, STEPS))
+            k += 1
+
     with load.MemorySampler(server.process.pid, interval_s=sample_s) as mem:
+        sampler = threading.Thread(target=snapshot_windows, args=(time.perf_counter(),), daemon=True)
+        sampler.start()
         outcomes = load.open_loop(server.grpc_url, [(workloads[n], r) for n, r in rates.items()], duration_s,
                                   arrivals="poisson")
+        stop.set()
+        sampler.join()
     windows = load.by_window(outcomes, window_s, duration_s)
+    for w, before, after in zip(windows, snapshots, snapshots[1:], strict=False):
+        w["steps"] = load.stats_delta(before, after)
     for name in workloads:  # which pipeline a drift comes from
         mine = load.by_window([o for o in outcomes if o.workload == name], window_s, duration_s)
         for w, m in zip(windows, mine, strict=True):
@@ -85,9 +108,14 @@ def soak(
     per_pipeline = {n: load.summarize([o for o in outcomes if o.workload == n], duration_s) for n in workloads}
     total = load.summarize(outcomes, duration_s)
 
-    warm = [s for s in mem.samples if s["t_s"] >= min(window_s, duration_s / 2)]
-    reference = warm[0] if warm else mem.samples[0]
-    final = mem.samples[-1]
+    # Memory is compared by its floor (the lowest sample) in the first window after warm-up and in the last
+    # window: ORT's arena grows during a burst of big batches and is released after it (ArenaRelease), so a
+    # single sample lands anywhere in that swing, while a leak or a ratchet raises the floor.
+    warm_s = min(window_s, duration_s / 2)
+    first = [s for s in mem.samples if warm_s <= s["t_s"] < warm_s + window_s] or mem.samples[:1]
+    last = [s for s in mem.samples if s["t_s"] >= duration_s - window_s] or mem.samples[-1:]
+    reference = min(first, key=lambda s: s["pss_mib"])
+    final = min(last, key=lambda s: s["pss_mib"])
     growth = final["pss_mib"] - reference["pss_mib"]
     bound = max(MEMORY_BOUND_MIB, MEMORY_BOUND_FRACTION * reference["pss_mib"])
     first_p99, last_p99 = windows[0]["ok_p99_ms"], windows[-1]["ok_p99_ms"]
@@ -112,13 +140,19 @@ def soak(
 def markdown(result: dict) -> str:
     f = lambda v: "–" if v != v else f"{v:.0f}"  # noqa: E731 (nan → dash)
     g = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+    def steps(w: dict, key: str) -> str:
+        st = w.get("steps", {})
+        return " / ".join(f"{st[m][key]:.1f}" if m in st else "–" for m in STEPS)
+
     lines = ["| window | requests | ok | rejected | errors | p50 ms | p99 ms | text p99 | image p99 "
-             "| cores: server / load generator / other |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| cores: server / load generator / other | mean queue ms per request: " + " / ".join(STEPS)
+             + " | mean batch |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for w in result["windows"]:
         lines.append(f"| {w['window']} | {w['requests']} | {w['ok']} | {w['rejected']} | {w['errors']} | "
                      f"{f(w['ok_p50_ms'])} | {f(w['ok_p99_ms'])} | {f(w.get('text_p99_ms', float('nan')))} | "
                      f"{f(w.get('image_p99_ms', float('nan')))} | {g(w.get('server_cores'))} / "
-                     f"{g(w.get('client_cores'))} / {g(w.get('other_cores'))} |")
+                     f"{g(w.get('client_cores'))} / {g(w.get('other_cores'))} | {steps(w, 'queue_ms_per_success')} | "
+                     f"{steps(w, 'requests_per_execution')} |")
     t, m = result["total"], result["memory"]
     lines += [
         "",
@@ -129,7 +163,8 @@ def markdown(result: dict) -> str:
         f"{result['capacities_per_s']['image']:.0f}) |",
         f"| requests / errors / rejected | {t['requests']} / {t['errors']} / {t['rejected']} |",
         f"| p99 first / last window | {f(result['p99_first_ms'])} / {f(result['p99_last_ms'])} ms |",
-        f"| PSS server+stubs after warm-up → end (peak) | {m['reference']['pss_mib']:.0f} → {m['final']['pss_mib']:.0f}"
+        f"| PSS server+stubs, floor after warm-up → floor of last window (peak) | {m['reference']['pss_mib']:.0f} → "
+        f"{m['final']['pss_mib']:.0f}"
         f" MiB ({m['peak_pss_mib']:.0f}); growth {m['growth_pss_mib']:+.1f} MiB, bound {m['bound_mib']:.0f} MiB |",
         f"| RSS sum after warm-up → end | {m['reference']['rss_mib']:.0f} → {m['final']['rss_mib']:.0f} MiB |",
         f"| verdict | {'PASS' if result['passed'] else 'FAIL'} {result['checks']} |",
