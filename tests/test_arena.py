@@ -7,14 +7,13 @@ batches never pay the re-growth cost.
 
 from __future__ import annotations
 
-import urllib.request
-
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
 from tritonkit import build, load, paths
 from tritonkit.backend_utils import ArenaRelease
+from tritonkit.perf import metrics_counters
 
 
 def _decisions(release: ArenaRelease, rows: list[int]) -> list[bool]:
@@ -43,12 +42,8 @@ def test_parameter_sets_threshold_and_zero_disables():
     assert _decisions(ArenaRelease(cfg), [48, 32, 32, 32, 32]) == [False, False, False, False, True]
 
 
-def _metric(server, name: str, model: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} for {model} not exported")
+def _releases(server) -> float:
+    return metrics_counters(server.metrics_url)[("tritonkit_ort_arena_releases_total", "image_classifier")]
 
 
 @pytest.mark.slow
@@ -72,11 +67,11 @@ def test_classifier_stub_memory_returns_after_burst(start_server):
     for _ in range(3):
         infer(rng.standard_normal((64, 3, 224, 224), dtype=np.float32))
     peak = stub_pss()
-    assert _metric(server, "tritonkit_ort_arena_releases_total", "image_classifier") == 0
+    assert _releases(server) == 0
     for _ in range(4):
         after = infer(one)
     released = stub_pss()
     print(f"image_classifier stub PSS: after burst {peak:.0f} MiB, after release {released:.0f} MiB")
-    assert _metric(server, "tritonkit_ort_arena_releases_total", "image_classifier") == 1
+    assert _releases(server) == 1
     assert peak - released >= 100, (peak, released)
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
