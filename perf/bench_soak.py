@@ -48,7 +48,7 @@ def cpu_cores(samples: list[dict], start_s: float, end_s: float) -> dict:
     span = b["t_s"] - a["t_s"]
     if span <= 0:
         return {}
-    server, client = b["server_cpu_s"] - a["server_cpu_s"], b["client_cpu_s"] - a["client_cpu_s"]
+    server, client = b["cpu_s"] - a["cpu_s"], b["client_cpu_s"] - a["client_cpu_s"]
     busy = b["machine_busy_s"] - a["machine_busy_s"]
     return {"server_cores": server / span, "client_cores": client / span,
             "other_cores": max(0.0, busy - server - client) / span}

@@ -273,8 +273,9 @@ def stats_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
 
 # -- memory of the server's process group ----------------------------------------------------------------------
 
-def _group_pids(pgid: int) -> list[int]:
-    pids = []
+def _group_cpu_ticks(pgid: int) -> dict[int, int]:
+    """The live processes of the group and the CPU (user + system clock ticks) each has used so far."""
+    pids = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -283,7 +284,7 @@ def _group_pids(pgid: int) -> list[int]:
         except (OSError, IndexError):
             continue
         if int(stat[2]) == pgid:
-            pids.append(int(entry))
+            pids[int(entry)] = int(stat[11]) + int(stat[12])  # utime, stime
     return pids
 
 
@@ -298,17 +299,6 @@ def _rollup(pid: int) -> dict[str, int]:
     return out
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) used so far by the live processes of the group."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in _group_pids(pgid):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
-
-
 def machine_busy_s() -> float:
     """CPU seconds all cores spent busy since boot (/proc/stat; steal included: time another tenant took)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
@@ -320,11 +310,13 @@ def group_memory(pgid: int) -> dict:
     breakdown by model (a stub's model is read from its argv).
 
     RSS double-counts the shared-memory regions the server and its stubs both map; PSS does not, so PSS is the
-    honest total and RSS the per-process figure operators see in `ps`/cgroups."""
+    honest total and RSS the per-process figure operators see in `ps`/cgroups. `cpu_s`: CPU seconds (user +
+    system) the group's live processes have used so far, from the same scan of /proc."""
     total_rss = total_pss = 0.0
     by_model: dict[str, float] = {}
     processes = 0
-    for pid in _group_pids(pgid):
+    ticks = _group_cpu_ticks(pgid)
+    for pid in ticks:
         roll = _rollup(pid)
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -340,7 +332,8 @@ def group_memory(pgid: int) -> dict:
             Path(argv[1]).parent.parent.name if len(argv) > 1 and argv[0].endswith("_stub") else Path(argv[0]).name)
         by_model[name] = by_model.get(name, 0.0) + pss
     return {"processes": processes, "rss_mib": total_rss, "pss_mib": total_pss,
-            "pss_by_process_mib": {k: round(v, 1) for k, v in sorted(by_model.items())}}
+            "pss_by_process_mib": {k: round(v, 1) for k, v in sorted(by_model.items())},
+            "cpu_s": sum(ticks.values()) / os.sysconf("SC_CLK_TCK")}
 
 
 @dataclass
@@ -361,7 +354,7 @@ class MemorySampler:
         # change is only readable next to who had the cores.
         times = os.times()
         s = {"t_s": round(time.perf_counter() - self._started, 1), **group_memory(self.pgid),
-             "server_cpu_s": group_cpu_s(self.pgid), "client_cpu_s": times.user + times.system,
+             "client_cpu_s": times.user + times.system,
              "machine_busy_s": machine_busy_s()}
         self.samples.append(s)
         return s
