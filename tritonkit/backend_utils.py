@@ -7,6 +7,7 @@ objects take the module as an argument, so this file imports, and is testable, a
 
 from __future__ import annotations
 
+import functools
 import os
 
 
@@ -76,6 +77,10 @@ class ArenaRelease:
     re-grows them, so it is applied once, on the `calm_runs`-th consecutive run at or below `rows` after a run
     above it: sustained overload (only big batches) never pays for it, and memory returns when the burst ends.
 
+    The arena's chunks come from malloc, and glibc keeps freed ones below its (self-raising, up to 32 MiB) mmap
+    threshold in the heap: without `malloc_trim` after each release the floor crept up burst after burst
+    (measured: classifier stub 194 → 262 MiB over ten bursts; with it 160-175 MiB).
+
     Config parameter `arena_release_batch` (rows; default max_batch_size // 4, "0" turns this off).
     """
 
@@ -106,3 +111,29 @@ class ArenaRelease:
         options = ort.RunOptions()
         options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         return options
+
+    def run(self, session, output_names: list[str] | None, feeds: dict, rows: int) -> tuple[list, bool]:
+        """`session.run` over `rows` rows, releasing the arena (and the heap it sat in) when due.
+        Returns (outputs, whether this run released)."""
+        options = self.run_options(rows)
+        outputs = session.run(output_names, feeds, options)
+        if options is not None:
+            trim_heap()
+        return outputs, options is not None
+
+
+@functools.cache
+def _malloc_trim():
+    import ctypes
+    import ctypes.util
+
+    return getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+
+
+def trim_heap() -> bool:
+    """Hand the C heap's free pages back to the OS (glibc `malloc_trim`); False where libc has none (musl)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -143,10 +143,9 @@ class TritonPythonModel:
         else:
             merged, total, padding = self._batch(feeds_list)
         rows = next(iter(merged.values())).shape[0] if self.max_batch_size else 1
-        release = self.arena.run_options(rows)
-        results = self.session.run([name for name, _ in self.outputs], merged, release)
+        results, released = self.arena.run(self.session, [name for name, _ in self.outputs], merged, rows)
         self._metrics["session_runs"].increment(1)
-        self._metrics["arena_releases"].increment(int(release is not None))
+        self._metrics["arena_releases"].increment(int(released))
         self._metrics["batched_requests"].increment(len(feeds_list))
         self._metrics["input_elements"].increment(total)
         self._metrics["padding_elements"].increment(padding)

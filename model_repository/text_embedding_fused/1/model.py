@@ -62,9 +62,10 @@ class TritonPythonModel:
         fed = 0
         for rows in runs:
             ids, mask = textproc.pad([encodings[i] for i in rows])
-            release = self.arena.run_options(len(rows))
-            out[rows] = self.session.run(["embedding"], {"input_ids": ids, "attention_mask": mask}, release)[0]
-            self._metrics["arena_releases"].increment(int(release is not None))
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            results, released = self.arena.run(self.session, ["embedding"], feeds, len(rows))
+            out[rows] = results[0]
+            self._metrics["arena_releases"].increment(int(released))
             fed += 2 * ids.size
         self._metrics["session_runs"].increment(len(runs))
         self._metrics["input_elements"].increment(fed)
