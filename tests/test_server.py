@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import tritonclient.http as httpclient
 from tiny_models import B, W
 from tritonclient.utils import InferenceServerException
 
+from tritonkit.perf import metrics_counters
 from tritonkit.server import TritonServer
 
 
@@ -27,11 +27,9 @@ def _http_infer(url: str, model: str, name: str, x: np.ndarray):
 
 
 def _metric(server: TritonServer, name: str, model: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} for {model} not exported")
+    counters = metrics_counters(server.metrics_url)
+    assert (name, model) in counters, f"metric {name} for {model} not exported"
+    return counters[(name, model)]
 
 
 def test_http_inference_matches_numpy(smoke_server):
