@@ -83,7 +83,7 @@ def test_classifier_stub_memory_returns_after_burst(start_server):
 
     # Burst after burst the floor must stay at the first release's level: without malloc_trim glibc kept freed
     # arena chunks in its heap (measured on this sequence: median of the last five 219 MiB against 184 after the
-    # first release; with it 169).
+    # first release; with it 162-169).
     floors = []
     for _ in range(10):
         for _ in range(3):
