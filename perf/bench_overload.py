@@ -1,14 +1,16 @@
 """Overload benchmark: offer ~4x the sustainable load open-loop and show that the queue policies shed it.
 
     python perf/bench_overload.py [--pipelines text image] [--factor 4] [--seconds 20] [--compare-unbounded]
+                                  [--settle-s 20] [--allocator jemalloc|glibc]
 
 For each pipeline (text_embedding: one real text per request; image_classification: one real JPEG photo per
 request) it starts tritonserver on free loopback ports with that ensemble, measures the sustainable capacity
 with a closed loop (16 callers, ok answers per second), then offers `--factor` x that rate open-loop (Poisson
 arrivals, gRPC, tritonkit.load) for `--seconds` and reports: offered rate, accepted throughput, rejected
 count/fraction with how fast rejections come back (p50/p99), p99 of accepted requests, other errors, and the
-RSS/PSS of server + Python-backend stubs before, at peak and after. The server runs the `overload` profile
-(configs/overload.pbtxt: the default configs plus shedding queue policies, tritonkit.repo_variants);
+RSS/PSS of server + Python-backend stubs before, at peak, when the backlog has drained and after `--settle-s` of
+light traffic (what the server keeps; `--allocator glibc` shows what jemalloc saves). The server runs the
+`overload` profile (configs/overload.pbtxt: the default configs plus shedding queue policies, tritonkit.repo_variants);
 `--compare-unbounded` repeats the run with the default configs (no policies), to show what they prevent.
 Prints a Markdown table and writes perf/results/overload-<time>.json.
 
@@ -55,7 +57,7 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
     # 'overload': the profile with shedding queue policies; 'none': the default configs (no policies).
     profile = OVERLOAD_PROFILE if policy == OVERLOAD_PROFILE else ""
     print(f"[{pipeline}/{policy}] starting tritonserver with {ensemble} ...", flush=True)
-    with TritonServer.on_free_ports(models=[ensemble], profile=profile) as server:
+    with TritonServer.on_free_ports(models=[ensemble], profile=profile, allocator=args.allocator) as server:
         cap = load.capacity(server.grpc_url, w, args.capacity_concurrency, args.capacity_seconds)
         rate = args.factor * cap["ok_per_s"]
         print(f"[{pipeline}/{policy}] capacity {cap['ok_per_s']:.1f}/s (closed loop c={args.capacity_concurrency}, "
@@ -71,6 +73,9 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
         summary = load.summarize(outcomes, args.seconds)
         healthy = server.is_ready()
         after = load.summarize(load.open_loop(server.grpc_url, [(w, 5.0)], 2.0), 2.0)
+        # What the server keeps once the backlog is gone: memory after --settle-s of light traffic.
+        load.open_loop(server.grpc_url, [(w, 0.1 * cap["ok_per_s"])], args.settle_s)
+        settled = load.group_memory(server.process.pid)
         row = {
             "pipeline": pipeline, "model": ensemble, "policy": policy,
             "capacity_per_s": cap["ok_per_s"], "capacity_p99_ms": cap["ok_p99_ms"],
@@ -79,7 +84,8 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
             # The load generator shares the 2 cores with the server: its CPU time is load the server does not get.
             "client_cpu_fraction_of_one_core": client_cpu_s / drained_s,
             "steps": steps_delta,
-            "memory_before": mem.samples[0], "memory_after": mem.samples[-1],
+            "allocator": args.allocator, "settle_s": args.settle_s,
+            "memory_before": mem.samples[0], "memory_after": mem.samples[-1], "memory_settled": settled,
             "peak_pss_mib": max(s["pss_mib"] for s in mem.samples),
             "peak_rss_mib": max(s["rss_mib"] for s in mem.samples),
             "pss_growth_by_process_mib": {
@@ -91,7 +97,8 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
     print(f"[{pipeline}/{policy}] offered {row['offered_per_s']:.0f}/s, ok {row['ok_per_s']:.0f}/s, rejected "
           f"{100 * row['rejected_fraction']:.0f}% (p50 {row['rejected_p50_ms']:.0f} ms), errors {row['errors']}, "
           f"ok p99 {row['ok_p99_ms']:.0f} ms, PSS {row['memory_before']['pss_mib']:.0f} -> peak "
-          f"{row['peak_pss_mib']:.0f} MiB, healthy after: {row['healthy_after']}; client CPU "
+          f"{row['peak_pss_mib']:.0f} MiB -> settled {settled['pss_mib']:.0f} MiB "
+          f"({settled['pss_by_process_mib']}), healthy after: {row['healthy_after']}; client CPU "
           f"{row['client_cpu_fraction_of_one_core']:.2f} core; per step {row['steps']}; PSS growth by process "
           f"{row['pss_growth_by_process_mib']}", flush=True)
     return row
@@ -100,7 +107,7 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| pipeline | queue policy | capacity /s | offered /s | accepted /s | rejected | rejection p50 / p99 ms "
-        "| accepted p50 / p99 ms | other errors | server+stubs PSS MiB before → peak → after "
+        "| accepted p50 / p99 ms | other errors | server+stubs PSS MiB before → peak → drained → settled "
         "| RSS sum MiB before → after | healthy after |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -111,7 +118,7 @@ def markdown(rows: list[dict]) -> str:
             f"{r['ok_per_s']:.0f} | {r['rejected']} ({100 * r['rejected_fraction']:.0f} %) | "
             f"{f(r['rejected_p50_ms'])} / {f(r['rejected_p99_ms'])} | {f(r['ok_p50_ms'])} / {f(r['ok_p99_ms'])} | "
             f"{r['errors']} | {r['memory_before']['pss_mib']:.0f} → {r['peak_pss_mib']:.0f} → "
-            f"{r['memory_after']['pss_mib']:.0f} | "
+            f"{r['memory_after']['pss_mib']:.0f} → {r['memory_settled']['pss_mib']:.0f} | "
             f"{r['memory_before']['rss_mib']:.0f} → {r['memory_after']['rss_mib']:.0f} | "
             f"{'yes' if r['healthy_after'] else 'NO'} |"
         )
@@ -127,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-concurrency", type=int, default=16)
     parser.add_argument("--client-timeout", type=float, default=30.0,
                         help="client deadline per request (s); only the unbounded variant gets near it")
+    parser.add_argument("--settle-s", type=float, default=20.0,
+                        help="light traffic (10 %% of capacity) after the drain, then memory is sampled again")
+    parser.add_argument("--allocator", default="jemalloc", choices=["jemalloc", "glibc"],
+                        help="malloc for the tritonserver process (TritonServer.allocator)")
     parser.add_argument("--compare-unbounded", action="store_true",
                         help="also run each pipeline with the queue policies removed")
     args = parser.parse_args(argv)

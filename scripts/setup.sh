@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
-# libb64-0d: perf_analyzer links libb64.so.0d; prometheus (+ promtool): the monitoring tests run the real one.
-APT_PACKAGES=(libb64-0d prometheus)
+# libb64-0d: perf_analyzer links libb64.so.0d; prometheus (+ promtool): the monitoring tests run the real one;
+# libjemalloc2: tritonserver's allocator (tritonkit.server: glibc keeps the memory of a drained backlog).
+APT_PACKAGES=(libb64-0d prometheus libjemalloc2)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

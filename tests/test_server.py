@@ -23,7 +23,12 @@ def _http_infer(url: str, model: str, name: str, x: np.ndarray):
     client = httpclient.InferenceServerClient(url)
     inp = httpclient.InferInput(name, list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
-    return client.infer(model, [inp])
+    try:
+        return client.infer(model, [inp])
+    finally:
+        # Closed here, in the calling thread: left to the garbage collector, a client made in a worker thread
+        # is closed wherever it is collected, where gevent has no hub (an "Exception ignored" warning).
+        client.close()
 
 
 def _metric(server: TritonServer, name: str, model: str) -> float:
@@ -218,3 +223,28 @@ def test_stop_leaves_no_stub_processes(start_server, smoke_repository):
 
 def _group_members(pgid: int) -> int:
     return sum(1 for _, group, _ in _processes() if group == pgid)
+
+
+def _maps_jemalloc(pid: int) -> bool:
+    return "libjemalloc" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_jemalloc_runs_in_the_server_only(smoke_server):
+    """The server runs on jemalloc (it keeps a drained backlog's memory under glibc); the stubs, behind the stub
+    wrapper, do not (it cost image throughput there) and get the launcher's own LD_PRELOAD back."""
+    assert _maps_jemalloc(smoke_server.process.pid)
+    stubs = smoke_server.stub_processes()
+    assert stubs
+    for instance, (pid, _model) in stubs.items():
+        assert not _maps_jemalloc(pid), instance
+        env = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in e)
+        assert env.get("LD_PRELOAD", "") == os.environ.get("LD_PRELOAD", ""), instance
+        assert "TRITONKIT_STUB_LD_PRELOAD" not in env, instance
+
+
+def test_glibc_allocator_preloads_nothing(start_server, smoke_repository):
+    server = start_server(smoke_repository, models=["smoke_linear"], allocator="glibc")
+    assert not _maps_jemalloc(server.process.pid)
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(_http_infer(server.http_url, "smoke_linear", "X", x).as_numpy("Y"), x @ W + B,
+                               rtol=1e-6, atol=1e-6)
