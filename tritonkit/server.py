@@ -222,8 +222,8 @@ class TritonServer:
     recover_crashed_stubs: bool = True
     exit_timeout_s: int = 30
     # malloc for the tritonserver process ("glibc" = the system's). glibc keeps what a backlog of queued tensors
-    # took (measured: 3.6-4.5 GiB held after 40 s at 1.3x image capacity); jemalloc, which Triton's docs advise
-    # against memory growth, peaked at 0.4 GiB and went back to ~150 MiB. Stubs are not affected (STUB_WRAPPER).
+    # took (perf/bench_overload.py: 2.8 GiB still held once the backlog had drained); jemalloc went back to
+    # ~150 MiB. Stubs are not affected (STUB_WRAPPER).
     allocator: str = "jemalloc"
     extra_args: list[str] = field(default_factory=list)
     log_verbose: int = 0
