@@ -8,7 +8,9 @@ objects take the module as an argument, so this file imports, and is testable, a
 from __future__ import annotations
 
 import functools
+import math
 import os
+from pathlib import Path
 
 
 def param(config: dict, key: str, default: str | None = None) -> str | None:
@@ -21,22 +23,87 @@ def instance_count(config: dict) -> int:
     return max(1, sum(int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1)
 
 
+def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs granted by cgroup v2 `cpu.max` (quota / period, the tightest along the process's cgroup path up to
+    the root), or None when there is no quota (`max`), no cgroup v2, or nothing readable."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if rel is None:
+        return None
+    base = Path(root)
+    node = base / rel.lstrip("/")
+    limit = None
+    while True:
+        try:
+            quota, period = (node / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                share = int(quota) / int(period)
+                limit = share if limit is None else min(limit, share)
+        except (OSError, ValueError):
+            pass
+        if node == base or base not in node.parents:
+            return limit
+        node = node.parent
+
+
+def usable_cpus() -> int:
+    """CPUs this process may really run on: its affinity mask (taskset, cpusets) capped by the cgroup v2 quota
+    (container and Kubernetes CPU limits). `os.cpu_count()` counts the host's cores and oversubscribes both."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cpus = min(cpus, math.ceil(limit))
+    return max(1, cpus)
+
+
 def session_options(config: dict):
     """onnxruntime SessionOptions from config parameters, same keys as the native ORT backend where one exists.
 
-    intra_op_thread_count (default: cores / instances), inter_op_thread_count (default 1), allow_spinning
+    intra_op_thread_count (default: usable CPUs / instances), inter_op_thread_count (default 1), allow_spinning
     (default "0": spinning threads steal the other stubs' cores on small machines).
     """
     import onnxruntime as ort
 
-    cores = os.cpu_count() or 1
     options = ort.SessionOptions()
-    default_intra = str(max(1, cores // instance_count(config)))
+    default_intra = str(max(1, usable_cpus() // instance_count(config)))
     options.intra_op_num_threads = int(param(config, "intra_op_thread_count", default_intra))
     options.inter_op_num_threads = int(param(config, "inter_op_thread_count", "1"))
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", param(config, "allow_spinning", "0"))
     return options
+
+
+def index_limits(model_path) -> dict[str, tuple[int, str]]:
+    """Graph inputs used directly as Gather indices into a constant table (an embedding lookup), e.g.
+    `input_ids` → (30522, table name): the rows a request's values must stay below. The table may be behind a
+    DequantizeLinear (INT8 models). Lets a backend reject an out-of-range id as the client's error, naming the
+    limit, before it reaches `session.run`."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    tables = {t.name: (int(t.dims[0]) if t.dims else 0) for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    inputs = {i.name for i in graph.input} - set(tables)
+    limits: dict[str, tuple[int, str]] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in inputs:
+            continue
+        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+            continue
+        data = node.input[0]
+        source = producers.get(data)
+        if data not in tables and source is not None and source.op_type == "DequantizeLinear":
+            data = source.input[0]
+        if data in tables and tables[data] > 0:
+            rows = min(tables[data], limits.get(node.input[1], (tables[data], ""))[0])
+            limits[node.input[1]] = (rows, data)
+    return limits
 
 
 ORT_COUNTERS = (
@@ -45,6 +112,8 @@ ORT_COUNTERS = (
     ("input_elements", "input elements fed to session.run, padding included"),
     ("padding_elements", "of those, elements added by ragged right-padding"),
     ("arena_releases", "times the CPU memory arena was handed back to the OS after a burst (ArenaRelease)"),
+    ("failed_runs", "session.run calls that raised (not counted in session_runs)"),
+    ("retried_runs", "session.run calls over half of a group whose batched run failed (bisecting to the bad one)"),
 )
 
 

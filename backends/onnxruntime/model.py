@@ -5,11 +5,16 @@ Triton (>= 23.10) serves any model whose config says `backend: "onnxruntime"` wi
 
 Batching is real: all requests handed to one `execute()` run as one `session.run` (concatenated on the batch
 axis; inputs with `allow_ragged_batch` are right-padded to the longest in the group), and outputs are split back.
-A request whose tensors do not fit fails alone; if the batched run itself fails, requests are retried one by one
-so the bad one is isolated.
+A request whose tensors do not fit fails alone. If a batched run fails, only that run's requests are retried, by
+bisection (halves, then halves of the failing half): one bad request among n costs about 2·log2(n) extra runs, not
+n, and the other groups of the same execute() are not rerun. Retries are counted in `tritonkit_ort_retried_runs`.
+
+Errors a request causes (missing input, dtype, rank, shape, batch size, an id outside its embedding table, a
+tensor onnxruntime rejects as an invalid argument) are client errors (HTTP 400 / gRPC INVALID_ARGUMENT) naming the
+input and the limit; any other failure of session.run is the server's (HTTP 500 / gRPC INTERNAL).
 
 Config `parameters` (string values), same keys as the native backend where one exists:
-  intra_op_thread_count, inter_op_thread_count   ORT thread pools (default: cores / instances, 1)
+  intra_op_thread_count, inter_op_thread_count   ORT thread pools (default: usable CPUs / instances, 1)
   pad_value.<INPUT>                               value used to right-pad a ragged input (default 0)
   ragged_max_padding                              split a ragged batch into length buckets so that padding is
                                                   at most this fraction of each run's elements (tritonkit.batching;
@@ -27,8 +32,17 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from tritonkit.backend_utils import ArenaRelease, error_response, ort_metrics, param, session_options
+from tritonkit.backend_utils import (
+    ArenaRelease,
+    error_response,
+    index_limits,
+    ort_metrics,
+    param,
+    session_options,
+    usable_cpus,
+)
 from tritonkit.batching import length_buckets
 
 
@@ -47,8 +61,14 @@ class TritonPythonModel:
         if not model_path.exists():
             raise pb_utils.TritonModelException(f"{self.name}: model file not found: {model_path}")
 
-        self.session = ort.InferenceSession(str(model_path), session_options(self.config),
-                                            providers=["CPUExecutionProvider"])
+        options = session_options(self.config)
+        self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        pb_utils.Logger.log_info(
+            f"{self.name}: onnxruntime threads intra_op={options.intra_op_num_threads} "
+            f"inter_op={options.inter_op_num_threads} (usable CPUs {usable_cpus()})"
+        )
+        # Ids past an embedding table fail inside session.run with an opaque message: check them up front.
+        self.index_limits = index_limits(model_path)
 
         self.inputs = []
         for cfg in self.config["input"]:
@@ -107,6 +127,13 @@ class TritonPythonModel:
                 shape = array.shape
             if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
                 raise _RequestError(f"input '{spec['name']}': shape {list(shape)} does not match config dims {dims}")
+            limit = self.index_limits.get(spec["name"])
+            if limit is not None and array.size and (array.min() < 0 or array.max() >= limit[0]):
+                bad = int(array.max()) if array.max() >= limit[0] else int(array.min())
+                raise _RequestError(
+                    f"input '{spec['name']}': value {bad} is out of range; ids must be in [0, {limit[0]}) "
+                    f"(rows of {limit[1]})"
+                )
             feeds[spec["name"]] = array
         if self.max_batch_size > 0 and feeds:
             sizes = {a.shape[0] for a in feeds.values()}
@@ -137,13 +164,19 @@ class TritonPythonModel:
             padding += merged[spec["name"]].size - sum(a.size for a in arrays)
         return merged, total, padding
 
-    def _run(self, feeds_list: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
+    def _run(self, feeds_list: list[dict[str, np.ndarray]], retry: bool = False) -> list[list[np.ndarray]]:
         if self.max_batch_size == 0:
             merged, total, padding = feeds_list[0], sum(a.size for a in feeds_list[0].values()), 0
         else:
             merged, total, padding = self._batch(feeds_list)
         rows = next(iter(merged.values())).shape[0] if self.max_batch_size else 1
-        results, released = self.arena.run(self.session, [name for name, _ in self.outputs], merged, rows)
+        if retry:
+            self._metrics["retried_runs"].increment(1)
+        try:
+            results, released = self.arena.run(self.session, [name for name, _ in self.outputs], merged, rows)
+        except Exception:
+            self._metrics["failed_runs"].increment(1)
+            raise
         self._metrics["session_runs"].increment(1)
         self._metrics["arena_releases"].increment(int(released))
         self._metrics["batched_requests"].increment(len(feeds_list))
@@ -166,8 +199,28 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod
-    def _error(message: str):
-        return error_response(pb_utils, message, client=False)
+    def _error(message: str, client: bool):
+        return error_response(pb_utils, message, client=client)
+
+    def _serve(self, group: list[tuple[int, dict[str, np.ndarray]]], responses: list, retry: bool = False) -> None:
+        """One session.run over `group`; if it fails, bisect: each half is run (and split again) on its own."""
+        try:
+            outputs = self._run([f for _, f in group], retry)
+        except Exception as err:
+            if len(group) > 1:
+                half = len(group) // 2
+                self._serve(group[:half], responses, retry=True)
+                self._serve(group[half:], responses, retry=True)
+                return
+            # onnxruntime's INVALID_ARGUMENT is about the feeds (type, rank, dims, index bounds): the request's fault.
+            client = isinstance(err, (_RequestError, InvalidArgument))
+            responses[group[0][0]] = self._error(f"{self.name}: {'' if client else 'inference failed: '}{err}", client)
+            return
+        for (i, _), out in zip(group, outputs):
+            try:
+                responses[i] = self._respond(out)
+            except Exception as err:
+                responses[i] = self._error(f"{self.name}: cannot build the response: {err}", client=False)
 
     def _groups(self, good: list[tuple[int, dict[str, np.ndarray]]]) -> list[list]:
         """The session runs of one execute(): all requests in one, or length buckets when configured."""
@@ -188,19 +241,10 @@ class TritonPythonModel:
             try:
                 good.append((i, self._read(request)))
             except _RequestError as err:
-                responses[i] = self._error(f"{self.name}: {err}")
+                responses[i] = self._error(f"{self.name}: {err}", client=True)
         if good:
-            try:
-                for group in self._groups(good):
-                    for (i, _), out in zip(group, self._run([f for _, f in group])):
-                        responses[i] = self._respond(out)
-            except Exception:
-                # Isolate the request that broke the batched run; the others still get answers.
-                for i, feeds in good:
-                    try:
-                        responses[i] = self._respond(self._run([feeds])[0])
-                    except Exception as err:
-                        responses[i] = self._error(f"{self.name}: inference failed: {err}")
+            for group in self._groups(good):
+                self._serve(group, responses)
         return responses
 
     def finalize(self) -> None:
