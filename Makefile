@@ -7,13 +7,16 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo serve build build-engines serve-docker gateway manifests perf tune lint test check-configs clean
+.PHONY: help setup lock demo serve build build-engines serve-docker gateway manifests perf tune lint test check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install apt + pinned Python deps into .venv and prepare the server backend dir (idempotent)
 	@scripts/setup.sh
+
+lock: ## re-pin requirements.txt's dependencies into requirements.lock with hashes (UPGRADE=1: newest allowed)
+	@scripts/lock.sh
 
 demo: ## build what is missing, serve both pipelines, embed + rank texts, classify photos, stop
 	@$(PY) scripts/demo.py

@@ -25,13 +25,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 
-# Reinstall only when the pins change; pip resolution alone takes a minute.
+# Reinstall only when the lock changes. The lock pins every package with its hashes (`make lock` writes it from
+# requirements.txt), so every machine gets the same set; pip itself is one of them.
 stamp="$VENV/.tritonkit-deps"
-want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] pip install -r requirements.txt (torch is the local CPU wheel; first run takes a few minutes)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r requirements.txt
+  echo "[setup] pip install --require-hashes -r requirements.lock (torch is the local CPU wheel; first run takes a few minutes)"
+  "$VENV/bin/python" -m pip install -q --require-hashes -r requirements.lock
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 else
