@@ -31,6 +31,10 @@ stamp="$VENV/.tritonkit-deps"
 want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] pip install --require-hashes -r requirements.lock (torch is the local CPU wheel; first run takes a few minutes)"
+  # The locked pip first: the one a new venv brings (23.x) rejects, under --require-hashes, a dependency that asks
+  # for other extras of a locked package (nvidia-pytriton's tritonclient[grpc,http]).
+  "$VENV/bin/python" -m pip install -q --require-hashes --no-deps \
+    -r <(awk '/^pip==/ {p = 1; print; next} p && /^[A-Za-z0-9]/ {exit} p' requirements.lock)
   "$VENV/bin/python" -m pip install -q --require-hashes -r requirements.lock
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
