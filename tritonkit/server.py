@@ -195,6 +195,32 @@ def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
     return stubs
 
 
+def write_secret(path: Path, text: str) -> Path:
+    """Write `text` to `path` readable by its owner only (mode 0600, also when the file existed with a looser
+    mode), atomically: a reader sees the old content or the new, never a partial key."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # created 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_secret(path: Path) -> str:
+    key = Path(path).read_text().strip()
+    if not key:
+        raise SetupError(f"control key file {path} is empty")
+    return key
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -427,7 +453,8 @@ def _serve(args: argparse.Namespace) -> int:
         extra_args=args.extra,
         allocator=args.allocator,
     )
-    key = args.control_key or os.environ.get("TRITONKIT_CONTROL_KEY")
+    # Never from the command line: it would be readable in `ps` (tritonserver's own flag already is; docs/security.md).
+    key = read_secret(Path(args.control_key_file)) if args.control_key_file else os.environ.get("TRITONKIT_CONTROL_KEY")
     if key:
         server.control_key = key
     stopping = False
@@ -447,10 +474,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ready  HTTP    http://{server.http_url}")
         print(f"       gRPC    {server.grpc_url}")
         print(f"       metrics {server.metrics_url}")
-        key_file = paths.BUILD_DIR / "control-key"
-        key_file.parent.mkdir(parents=True, exist_ok=True)
-        key_file.touch(mode=0o600)
-        key_file.write_text(server.control_key + "\n")
+        key_file = write_secret(Path(args.key_file), server.control_key + "\n")
         print(f"model-repository/trace/logging APIs need header '{CONTROL_HEADER}' (key in {key_file})")
         print("Ctrl-C to stop.", flush=True)
         while server.process is not None and server.process.poll() is None:
@@ -478,7 +502,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
     p.add_argument("--models", default="", help="comma-separated models to load (default: all)")
-    p.add_argument("--control-key", default="", help="key for model-control endpoints (restricted API)")
+    p.add_argument("--control-key-file", default="",
+                   help="file holding the key for the model-control endpoints (default: $TRITONKIT_CONTROL_KEY, "
+                        "else a random key per start)")
+    p.add_argument("--key-file", default=str(paths.BUILD_DIR / "control-key"),
+                   help="where the key in use is written (mode 0600) for local tools")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--profile", default=os.environ.get("TRITONKIT_PROFILE", ""),
                    help="config profile: models with configs/<profile>.pbtxt use it (see `make tune`)")
