@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import build, data
+from tritonkit import build, data, int8
 from tritonkit.server import TritonServer
 
 
@@ -68,6 +68,11 @@ DEMOS = [
 def main() -> int:
     for demo in DEMOS:
         build.build(demo.target)
+    problems = int8.check_all([demo.target for demo in DEMOS])
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     models = [m for demo in DEMOS for m in demo.models]
     print(f"starting tritonserver with {', '.join(models)} ...", flush=True)
     with TritonServer.on_free_ports(model_control_mode="explicit", models=models) as server:

@@ -1,14 +1,15 @@
 """Build model artefacts: export + validate (FP32 ONNX) → calibrated INT8 Q/DQ → accuracy report.
 
-    python -m tritonkit.build {text,image,all} [--force] [--skip-int8] [--sweep]
+    python -m tritonkit.build {text,image,all} [--force] [--skip-int8] [--search]
 
 Artefacts go to model_repository/<model>/1/model.onnx (gitignored); reports to build/reports/<name>_*.json.
-A spec with a SERVE_RECIPE serves that INT8 form (e.g. onnxruntime's uint8-activation CPU form) and keeps its
-RECIPE, the TensorRT-form Q/DQ, at build/artifacts/<INT8_MODEL>.trt_qdq.onnx (report <name>_int8_trt.json),
-which tritonkit.engines compiles into TensorRT plans.
+INT8 comes from the committed recipe models/<name>.int8.json (tritonkit.int8): the served form goes to
+model_repository/<INT8_MODEL>, the TensorRT form to build/artifacts/<INT8_MODEL>.trt_qdq.onnx, which
+tritonkit.engines compiles into TensorRT plans. `--search` (or a missing recipe) runs the accuracy-aware search
+first (tritonkit.search). Exit status 1 when a committed recipe misses a gate here; a model whose search found
+nothing is served as FP32 (exit 0, with a warning).
 A step is skipped when its artefact exists and the fingerprint of everything it depends on (spec module,
-export/quantize code, data, recipe) is unchanged; `--force` rebuilds. `--sweep` quantizes and evaluates every
-candidate recipe of the spec and records the table that justifies the chosen recipe.
+export/quantize/search code, data, recipe, package versions and CPU features) is unchanged; `--force` rebuilds.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import inspect
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from tritonkit import models, paths
+from tritonkit import envinfo, int8, models, paths
 
 REPORTS = paths.ROOT / "build" / "reports"
 
@@ -34,9 +35,10 @@ class BuildResult:
     fp32: Path
     int8: Path | None
     built: list[str]
-    int8_passed: bool | None = None
-    # The TensorRT-form Q/DQ when the served INT8 is another form (spec.SERVE_RECIPE), else None.
+    int8_status: str | None = None  # "passed", "fp32-fallback" or "failed"
+    # The TensorRT-form Q/DQ (symmetric INT8), compiled by tritonkit.engines.
     trt_int8: Path | None = None
+    outcomes: list = field(default_factory=list)
 
 
 def artefact(model: str, version: int = 1) -> Path:
@@ -48,18 +50,15 @@ def trt_qdq_path(spec: ModuleType) -> Path:
     return paths.ARTIFACTS / f"{spec.INT8_MODEL}.trt_qdq.onnx"
 
 
-def _all_candidates(spec: ModuleType) -> list:
-    return [*spec.CANDIDATES, *getattr(spec, "SERVE_CANDIDATES", [])]
-
-
 def _fingerprint(spec: ModuleType, stage: str, extra: str = "") -> str:
-    from tritonkit import data, export, quantize
+    from tritonkit import data, export, quantize, search
 
     h = hashlib.sha256()
-    sources = [spec, export] + ([quantize] if stage == "int8" else [])
+    sources = [spec, export] + ([quantize, search, int8] if stage == "int8" else [])
     for module in sources:
         h.update(Path(inspect.getfile(module)).read_bytes())
-    h.update(data.SENTENCES.read_bytes())
+    for path in [data.SENTENCES, *getattr(spec, "DATA_FILES", ())]:
+        h.update(Path(path).read_bytes())
     h.update(extra.encode())
     return h.hexdigest()[:16]
 
@@ -108,92 +107,39 @@ def build_fp32(spec: ModuleType, force: bool = False, progress: bool = True) -> 
     return path, True
 
 
-def _quantize_and_evaluate(spec: ModuleType, recipe, fp32: Path, out: Path, progress: bool) -> dict:
-    from tritonkit.quantize import quantize, quantized_ops
-
-    t0 = time.perf_counter()
-    quantize(fp32, out, recipe, spec.calibration_batches, total_batches=spec.calibration_batch_count(),
-             progress=progress)
-    seconds = time.perf_counter() - t0
-    metrics = spec.evaluate(fp32, out)
-    return {"metrics": metrics, "quantized_ops": quantized_ops(out), "calibration_s": round(seconds, 1)}
-
-
-def sweep(spec: ModuleType, fp32: Path, progress: bool = True) -> list[dict]:
-    """Quantize + evaluate every candidate recipe; the table goes into build/reports/<name>_int8_sweep.json."""
-    from tritonkit.export import write_json
-
-    rows = []
-    for recipe in _all_candidates(spec):
-        _log(f"{spec.NAME}: sweep candidate '{recipe.name}'")
-        out = paths.ARTIFACTS / f"{spec.NAME}-{recipe.name}.onnx"
-        result = _quantize_and_evaluate(spec, recipe, fp32, out, progress)
-        n_ops = sum(result["quantized_ops"].values())
-        rows.append({"recipe": recipe.name, "activation_type": recipe.activation_type, **result["metrics"],
-                     "quantized_ops": n_ops})
-        _log(f"  {json.dumps(rows[-1])}")
-        out.unlink(missing_ok=True)
-    write_json(REPORTS / f"{spec.NAME}_int8_sweep.json", {"candidates": rows, "recipes": [
-        r.to_json() for r in _all_candidates(spec)]})
-    return rows
-
-
-def _build_quantized(spec: ModuleType, fp32: Path, recipe, path: Path, stage: str, report_path: Path,
-                     targets: list, force: bool, progress: bool, details: dict) -> tuple[bool, bool]:
-    """Quantize `fp32` with `recipe` into `path` and write its report unless up to date → (built, passed)."""
-    from tritonkit.quantize import QuantReport
-
-    fingerprint = _fingerprint(spec, "int8", json.dumps(recipe.to_json(), sort_keys=True) + fp32.name)
-    if not force and up_to_date(path, spec.NAME, stage, fingerprint):
-        passed = json.loads(report_path.read_text()).get("passed") if report_path.exists() else None
-        _log(f"{spec.NAME}: INT8 {path.relative_to(paths.ROOT)} up to date")
-        return False, bool(passed)
-    _log(f"{spec.NAME}: quantizing with recipe '{recipe.name}' → {path.relative_to(paths.ROOT)}")
-    tmp = path.with_name(f"{path.name.removesuffix('.onnx')}.quant.onnx")
-    result = _quantize_and_evaluate(spec, recipe, fp32, tmp, progress)
-    tmp.replace(path)
-    sweep_file = REPORTS / f"{spec.NAME}_int8_sweep.json"
-    candidates = json.loads(sweep_file.read_text())["candidates"] if sweep_file.exists() else []
-    # Each report lists the candidates of its own form (rows from before the form existed are int8).
-    candidates = [c for c in candidates if c.get("activation_type", "int8") == recipe.activation_type]
-    report = QuantReport(
-        model=spec.EXPORT.name,
-        recipe=recipe,
-        metrics=result["metrics"],
-        targets=list(targets),
-        candidates=candidates,
-        details={"quantized_ops": result["quantized_ops"], "calibration_s": result["calibration_s"], **details},
-    )
-    report.write(report_path)
-    report.print_table()
-    _log(f"{spec.NAME}: report → {report_path.relative_to(paths.ROOT)}")
-    _stamp(spec.NAME, stage, fingerprint)
-    return True, report.passed
+def build_int8(spec: ModuleType, fp32: Path, force: bool = False, progress: bool = True,
+               run_search: bool = False) -> list[int8.Outcome]:
+    """Both INT8 forms from the committed recipe (searched first if there is none, or with run_search)."""
+    data = int8.load_recipes(spec)
+    if run_search or data is None:
+        if data is None:
+            _log(f"{spec.NAME}: no committed recipe ({int8.recipe_path(spec).relative_to(paths.ROOT)}): searching")
+        data = int8.search(spec, fp32, progress=progress)
+        force = True
+    outcomes = []
+    for form, out, stage in (("served", artefact(spec.INT8_MODEL), "int8"),
+                             ("tensorrt", trt_qdq_path(spec), "int8_trt")):
+        extra = json.dumps([data[form], envinfo.fingerprint()], sort_keys=True) + form + fp32.name
+        fingerprint = _fingerprint(spec, "int8", extra)
+        report = int8.report_path(spec, form)
+        if not force and up_to_date(out, spec.NAME, stage, fingerprint) and report.exists():
+            status = json.loads(report.read_text()).get("status", "failed")
+            _log(f"{spec.NAME}: {form} INT8 {out.relative_to(paths.ROOT)} up to date ({status})")
+            outcomes.append(int8.Outcome(form, out, status, []))
+            continue
+        _log(f"{spec.NAME}: {form} INT8 from {int8.recipe_path(spec).relative_to(paths.ROOT)} → "
+             f"{out.relative_to(paths.ROOT)}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        outcome = int8.replay(spec, fp32, form, data, out, progress=progress)
+        outcomes.append(outcome)
+        if outcome.status != "failed":
+            _stamp(spec.NAME, stage, fingerprint)
+        else:
+            _stamp_path(spec.NAME, stage).unlink(missing_ok=True)
+    return outcomes
 
 
-def build_int8(spec: ModuleType, fp32: Path, force: bool = False, progress: bool = True) -> tuple[Path, bool, bool]:
-    """The served INT8 (spec.SERVE_RECIPE if the spec has one, else spec.RECIPE) → (path, built, passed); with a
-    SERVE_RECIPE also the TensorRT-form spec.RECIPE at trt_qdq_path(spec)."""
-    serve = getattr(spec, "SERVE_RECIPE", None)
-    notes = getattr(spec, "REPORT_NOTES", {})
-    path = artefact(spec.INT8_MODEL)
-    trt_path = trt_qdq_path(spec)
-    built, passed = _build_quantized(
-        spec, fp32, serve or spec.RECIPE, path, "int8", REPORTS / f"{spec.NAME}_int8.json", spec.TARGETS, force,
-        progress, {**notes, **({"tensorrt_form": str(trt_path.relative_to(paths.ROOT))} if serve else {})})
-    if serve is None:
-        # A spec that dropped its serve recipe: engines must not build from a stale TensorRT-form file.
-        trt_path.unlink(missing_ok=True)
-        _stamp_path(spec.NAME, "int8_trt").unlink(missing_ok=True)
-        return path, built, passed
-    built_trt, _ = _build_quantized(
-        spec, fp32, spec.RECIPE, trt_path, "int8_trt", REPORTS / f"{spec.NAME}_int8_trt.json",
-        getattr(spec, "TRT_TARGETS", spec.TARGETS), force, progress,
-        {**getattr(spec, "TRT_REPORT_NOTES", notes), "served_form": str(path.relative_to(paths.ROOT))})
-    return path, built or built_trt, passed
-
-
-def build(name: str, force: bool = False, skip_int8: bool = False, run_sweep: bool = False,
+def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
           progress: bool = True) -> BuildResult:
     spec = models.get(name)
     fp32, built_fp32 = build_fp32(spec, force=force, progress=progress)
@@ -201,15 +147,11 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_sweep: bo
     # Small non-ONNX build outputs a spec may have (e.g. a classifier's labels file); cheap, always rewritten.
     for asset in getattr(spec, "write_assets", lambda _repo: [])(paths.MODEL_REPOSITORY):
         _log(f"{spec.NAME}: wrote {Path(asset).relative_to(paths.ROOT)}")
-    if run_sweep:
-        sweep(spec, fp32, progress=progress)
     if skip_int8:
         return BuildResult(name, fp32, None, built)
-    int8, built_int8, passed = build_int8(spec, fp32, force=force or built_fp32 or run_sweep, progress=progress)
-    if built_int8:
-        built.append("int8")
-    trt_int8 = trt_qdq_path(spec) if getattr(spec, "SERVE_RECIPE", None) is not None else None
-    return BuildResult(name, fp32, int8, built, passed, trt_int8)
+    outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search)
+    served, trt = outcomes
+    return BuildResult(name, fp32, served.path, built, served.status, trt.path, outcomes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,16 +159,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", choices=[*models.REGISTRY, "all"])
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--skip-int8", action="store_true", help="only export + validate FP32")
-    parser.add_argument("--sweep", action="store_true", help="measure every candidate INT8 recipe first")
+    parser.add_argument("--search", action="store_true",
+                        help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     targets = list(models.REGISTRY) if args.target == "all" else [args.target]
     status = 0
     for target in targets:
-        result = build(target, force=args.force, skip_int8=args.skip_int8, run_sweep=args.sweep,
+        result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
                        progress=not args.no_progress)
-        if result.int8_passed is False:
-            _log(f"{target}: INT8 accuracy targets NOT met (see build/reports/{target}_int8.json)")
+        for outcome in result.outcomes:
+            if outcome.status == "failed":
+                status = 1
+                _log(f"{target}: {outcome.form} INT8 MISSED ITS GATES: {'; '.join(outcome.missed)} "
+                     f"(report build/reports/{target}_int8*.json). The committed recipe no longer passes here: "
+                     f"re-run `python -m tritonkit.build {target} --search`")
+            elif outcome.status == int8.FALLBACK:
+                _log(f"{target}: {outcome.form} form serves FP32 (no INT8 candidate passed every gate)")
         _log(f"{target}: done ({', '.join(result.built) or 'nothing to do'})")
     return status
 

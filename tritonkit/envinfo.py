@@ -1,0 +1,53 @@
+"""What shapes an INT8 model besides its recipe: the package versions that build the graph and the CPU's INT8
+features (onnxruntime picks different x86 kernels with and without VNNI). Recorded in every INT8 report and
+compared before a model is served."""
+
+from __future__ import annotations
+
+import platform
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+# Packages whose version changes the exported or quantized graph, or the kernels that run it.
+GRAPH_PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "tokenizers", "pillow", "numpy")
+# /proc/cpuinfo flags that select onnxruntime's x86 INT8 kernels.
+INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile")
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in GRAPH_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in INT8_FLAGS if f in flags]
+
+
+@cache
+def fingerprint() -> dict:
+    return {"packages": versions(), "cpu_int8_features": cpu_flags(), "machine": platform.machine(),
+            "python": platform.python_version()}
+
+
+def differences(recorded: dict, current: dict | None = None) -> list[str]:
+    """Human-readable differences between a report's environment and this one (empty: same)."""
+    current = current or fingerprint()
+    diffs = []
+    for name, version in current["packages"].items():
+        was = recorded.get("packages", {}).get(name)
+        if was != version:
+            diffs.append(f"{name} {was} -> {version}")
+    if sorted(recorded.get("cpu_int8_features", [])) != sorted(current["cpu_int8_features"]):
+        diffs.append(f"CPU INT8 features {recorded.get('cpu_int8_features')} -> {current['cpu_int8_features']}")
+    return diffs

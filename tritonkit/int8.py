@@ -1,0 +1,292 @@
+"""INT8 for one model spec: search a recipe (or replay the committed one), prove it, report it, or fall back.
+
+The searched recipe is data, committed at models/<name>.int8.json beside the model's other facts: an ordinary
+build replays it (calibrate + quantize, a minute), re-checks every gate on the validation and test splits and at
+the served batch sizes, and writes build/reports/<name>_int8.json (+ .md). `--search` re-runs the search (after a
+model, data or dependency change). Two forms per model:
+- served: the fastest form onnxruntime's CPU kernels run (U8S8 or S8S8, as the search finds), speed-gated;
+- tensorrt: symmetric INT8, zero points 0, Q/DQ on weighted ops' inputs (build/artifacts/<model>.trt_qdq.onnx).
+A model whose search found nothing that passes is served as FP32 under its INT8 name, loudly; a committed recipe
+that no longer passes here fails the build, naming the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+
+from tritonkit import envinfo, paths
+from tritonkit.search import Evaluator, Recipe, Search, missed, speedup
+
+RECIPES = paths.ROOT / "models"
+REPORTS = paths.ROOT / "build" / "reports"
+FORMS = {"served": ("int8", "uint8"), "tensorrt": ("int8",)}
+FALLBACK = "fp32-fallback"
+
+
+class GateError(RuntimeError):
+    """An INT8 model missed a gate, or was made on another package set or CPU; the message says how to fix it."""
+
+
+def recipe_path(spec: ModuleType) -> Path:
+    return RECIPES / f"{spec.NAME}.int8.json"
+
+
+def report_path(spec: ModuleType, form: str = "served") -> Path:
+    return REPORTS / f"{spec.NAME}_int8{'' if form == 'served' else '_trt'}.json"
+
+
+def search_command(spec: ModuleType) -> str:
+    return f"python -m tritonkit.build {spec.NAME} --search"
+
+
+def _log(msg: str) -> None:
+    print(f"[int8] {msg}", flush=True)
+
+
+# -- search --------------------------------------------------------------------------------------------------
+
+def search(spec: ModuleType, fp32: Path, progress: bool = True) -> dict:
+    """Search both forms, write the committed recipe file and the full search report; returns the recipe data."""
+    from tritonkit.export import write_json
+
+    t0 = time.perf_counter()
+    out: dict = {"model": spec.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
+    full: dict = {}
+    for form, forms in FORMS.items():
+        _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
+        result = Search(spec, fp32, forms, check_speed=form == "served", progress=progress, log=_log).run()
+        full[form] = result.to_json()
+        out[form] = {
+            "recipe": asdict(result.recipe) if result.recipe else None,
+            "status": "passed" if result.passed else FALLBACK,
+            "reason": result.reason,
+            "search_seconds": result.seconds,
+            "validation": result.validation,
+            "test": result.test,
+        }
+        found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
+        _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
+    out["search_seconds"] = round(time.perf_counter() - t0, 1)
+    path = recipe_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(REPORTS / f"{spec.NAME}_int8_search.json", {**out, "search": full})
+    _log(f"{spec.NAME}: recipe -> {path.relative_to(paths.ROOT)} (commit it); search log -> "
+         f"build/reports/{spec.NAME}_int8_search.json")
+    return out
+
+
+def load_recipes(spec: ModuleType) -> dict | None:
+    path = recipe_path(spec)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# -- replay + gates ------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    form: str
+    path: Path
+    status: str  # "passed", FALLBACK, or "failed" (a committed recipe that misses a gate here)
+    missed: list[str]
+
+
+def replay(spec: ModuleType, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
+    """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
+    from tritonkit.quantize import quantize, quantized_ops
+
+    entry = data[form]
+    report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "recipe_file": str(recipe_path(spec).relative_to(paths.ROOT)), "env": envinfo.fingerprint(),
+                    "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
+    targets = list(spec.TARGETS) + ([spec.SPEED_TARGET] if form == "served" else [])
+    report["gates"] = [{**asdict(t)} for t in targets]
+    if entry["recipe"] is None:
+        shutil.copyfile(fp32, out)
+        report.update(status=FALLBACK, passed=False, served="fp32", reason=entry.get("reason", ""))
+        _write_report(spec, form, report)
+        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({entry.get('reason')}); {out.relative_to(paths.ROOT)} "
+              f"is the FP32 model, served under the INT8 model's name")
+        return Outcome(form, out, FALLBACK, [])
+    recipe = Recipe.from_json(entry["recipe"])
+    quant = recipe.to_quant(spec.WEIGHT_OPS, name=f"{spec.NAME}-{form}")
+    t0 = time.perf_counter()
+    tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
+    quantize(fp32, tmp, quant, spec.calibration_batches, spec.calibration_batch_count(), progress)
+    calib_s = time.perf_counter() - t0
+    metrics = {split: Evaluator(spec, fp32, split).metrics(tmp) for split in ("validation", "test")}
+    speed = speedup(spec, fp32, tmp, spec.SPEED_BATCHES) if form == "served" else {}
+    miss = [f"{split}: {m}" for split in metrics for m in missed(spec.TARGETS, metrics[split])]
+    if form == "served" and not spec.SPEED_TARGET.met(speed):
+        miss += missed([spec.SPEED_TARGET], speed)
+    tmp.replace(out)
+    report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
+                  recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+                  test=metrics["test"], speed=speed, quantized_ops=quantized_ops(out), quantize_s=round(calib_s, 1))
+    _write_report(spec, form, report)
+    return Outcome(form, out, report["status"], miss)
+
+
+def _search_summary(spec: ModuleType, form: str) -> dict:
+    """The search's steps and float units, from its report when this machine ran it."""
+    path = REPORTS / f"{spec.NAME}_int8_search.json"
+    if not path.exists():
+        return {"note": f"search report not on this machine; re-run with `{search_command(spec)}`"}
+    full = json.loads(path.read_text())["search"].get(form, {})
+    return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed")}
+
+
+def _loud(msg: str) -> None:
+    bar = "!" * 100
+    print(f"{bar}\n[int8] WARNING: {msg}\n{bar}", file=sys.stderr, flush=True)
+
+
+def _write_report(spec: ModuleType, form: str, report: dict) -> None:
+    from tritonkit.export import write_json
+
+    path = report_path(spec, form)
+    write_json(path, report)
+    path.with_suffix(".md").write_text(render_markdown(report))
+    print(render_markdown(report), flush=True)
+
+
+# -- reading reports back (serve, demo, docs) ----------------------------------------------------------------
+
+def served_problems(spec: ModuleType) -> list[str]:
+    """Why the served INT8 model of `spec` must not be served here (empty: fine). FP32 fallback is allowed."""
+    path = report_path(spec)
+    fix = f"run `make build` (replays models/{spec.NAME}.int8.json) or `{search_command(spec)}`"
+    if not path.exists():
+        return [f"{spec.NAME}: no INT8 report ({path.relative_to(paths.ROOT)}); {fix}"]
+    report = json.loads(path.read_text())
+    if report.get("status") == FALLBACK:
+        return []
+    problems = []
+    if not report.get("passed"):
+        problems.append(f"{spec.NAME}: INT8 missed {', '.join(report.get('missed', [])) or 'its gates'}; "
+                        f"re-run the search: `{search_command(spec)}`")
+    diffs = envinfo.differences(report.get("env", {}))
+    if diffs:
+        problems.append(f"{spec.NAME}: INT8 report was made with {'; '.join(diffs)}; {fix}")
+    return problems
+
+
+def render_markdown(report: dict) -> str:
+    """A readable page: gates, metrics per split, speed per batch, float units and the search's steps."""
+    lines = [f"# {report['model']} INT8 ({report['form']} form): {report['status'].upper()}", ""]
+    env = report.get("env", {})
+    lines += [f"Made {report['created']} with {', '.join(f'{k} {v}' for k, v in env.get('packages', {}).items())}; "
+              f"CPU INT8 features: {', '.join(env.get('cpu_int8_features', [])) or 'none'}.", ""]
+    if report.get("served") == "fp32":
+        lines += [f"**No INT8 candidate passed; the FP32 model is served.** {report.get('reason', '')}", ""]
+    else:
+        lines += [f"Recipe: `{report.get('recipe_summary')}` from `{report['recipe_file']}`.", ""]
+        lines += ["| gate | validation | test | speed |", "|---|---|---|---|"]
+        for g in report["gates"]:
+            v, t = report.get("validation", {}).get(g["metric"]), report.get("test", {}).get(g["metric"])
+            s = report.get("speed", {}).get(g["metric"])
+            lines.append(f"| {g['metric']} {g['op']} {g['value']} | {_f(v)} | {_f(t)} | {_f(s)} |")
+        speed = report.get("speed", {})
+        if speed:
+            lines += ["", "| batch | FP32 ms | INT8 ms | speed-up |", "|---|---|---|---|"]
+            for k in speed:
+                if k.startswith("speedup_batch"):
+                    b = k.removeprefix("speedup_batch")
+                    lines.append(f"| {b} | {speed[f'fp32_ms_batch{b}']:.2f} | {speed[f'int8_ms_batch{b}']:.2f} | "
+                                 f"{speed[k]:.2f} |")
+        float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
+        lines += ["", f"Kept in float ({len(float_nodes)}): " + (", ".join(f"`{n}`" for n in float_nodes) or "none")]
+    search = report.get("search", {})
+    if search.get("steps"):
+        lines += ["", f"## Search ({search.get('seconds')} s on the validation split)", "",
+                  "| stage | change | recipe | distortion | passed | speed-up |", "|---|---|---|---|---|---|"]
+        for s in search["steps"]:
+            lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {s['distortion']:.3f} | "
+                         f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
+        for sens in search.get("sensitivity") or []:
+            top = sens["units"][:8]
+            lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
+                      + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
+    return "\n".join(lines) + "\n"
+
+
+def _f(v) -> str:
+    return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def check_all(names: list[str] | None = None) -> list[str]:
+    """Problems of every registered model's served INT8 (empty: all may be served)."""
+    from tritonkit import models
+
+    return [p for name in (names or list(models.REGISTRY)) for p in served_problems(models.get(name))]
+
+
+README_MARKERS = ("<!-- int8-results:begin (python -m tritonkit.int8 docs) -->", "<!-- int8-results:end -->")
+
+
+def docs(readme: Path = paths.ROOT / "README.md", out: Path = paths.ROOT / "docs" / "int8.md") -> Path:
+    """docs/int8.md (every report in full) and README's INT8 table, both from build/reports/."""
+    import hashlib
+
+    from tritonkit import models
+
+    lock = paths.ROOT / "requirements.lock"
+    lock_id = f"requirements.lock sha256 {hashlib.sha256(lock.read_bytes()).hexdigest()[:12]}" if lock.exists() \
+        else "no lock file"
+    env = envinfo.fingerprint()
+    head = (f"Regenerated by `python -m tritonkit.int8 docs` from build/reports/ on {time.strftime('%Y-%m-%d')}; "
+            f"environment {lock_id}; CPU INT8 features {', '.join(env['cpu_int8_features']) or 'none'} "
+            f"({env['machine']}).")
+    pages, rows = [f"# INT8 results\n\n{head}\n"], []
+    for name in models.REGISTRY:
+        spec = models.get(name)
+        for form in FORMS:
+            path = report_path(spec, form)
+            if not path.exists():
+                continue
+            report = json.loads(path.read_text())
+            pages.append(render_markdown(report).replace("# ", "## ", 1))
+            test = report.get("test", {})
+            accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}" for t in spec.TARGETS if t.metric in test)
+            speed = report.get("speed", {}).get("int8_speedup")
+            rows.append(f"| {spec.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "
+                        f"{accuracy or '-'} | {f'{speed:.2f}x' if speed else '-'} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(pages))
+    table = "\n".join([head, "", "| model | form | status | recipe | test split | INT8 vs FP32 (slowest batch) |",
+                       "|---|---|---|---|---|---|", *rows, "", "Full reports and the search steps: [docs/int8.md]"
+                       "(docs/int8.md)."])
+    text = readme.read_text()
+    begin, end = README_MARKERS
+    if begin in text and end in text:
+        text = text[: text.index(begin) + len(begin)] + "\n" + table + "\n" + text[text.index(end):]
+        readme.write_text(text)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tritonkit.int8", description="INT8 gates and reports")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    check = sub.add_parser("check", help="refuse (exit 2) an INT8 model that must not be served here")
+    check.add_argument("models", nargs="*", help="build targets (default: all)")
+    sub.add_parser("docs", help="regenerate docs/int8.md and README's INT8 table from build/reports/")
+    args = parser.parse_args(argv)
+    if args.cmd == "docs":
+        print(f"wrote {docs().relative_to(paths.ROOT)}")
+        return 0
+    problems = check_all(args.models or None)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+"""Accuracy-aware INT8 search: finds a model's quantization recipe with no person in the loop.
+
+    python -m tritonkit.build <model> --search        (re-run after a model, data or dependency change)
+
+For one activation form (the CPU-served one, or TensorRT's symmetric INT8) the search
+1. measures the starting knobs (Q/DQ placement, activation form) on the *validation* split, then tries the knobs
+   that matter one at a time, keeping what helps: SmoothQuant alpha for MatMul models, bias correction for conv
+   models, the calibration method where onnxruntime allows it (histogram calibrators need equal-shape feeds);
+2. ranks every quantizable unit (a node with a constant weight, or a block of them when a graph has many) by its
+   sensitivity: how much the validation metrics recover when that unit alone stays float;
+3. puts the most sensitive units back in float, one at a time and cumulatively, until every gate holds on the
+   validation split (with a margin), and stops there: the fewest float units is the fastest candidate;
+4. measures INT8 against FP32 at the served batch sizes and keeps the fastest track that passes; then confirms the
+   winner once on the *test* split, which played no part in any choice.
+Calibration is done once per prepared graph and method; each candidate only re-quantizes with the same ranges
+(seconds), so a search costs minutes. The outcome is a `Recipe` (data), committed beside the model's facts and
+replayed by an ordinary build.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tritonkit.quantize import QuantRecipe, Target
+
+Feeds = dict[str, np.ndarray]
+
+
+class SearchError(RuntimeError):
+    """The search could not run (e.g. the graph has no quantizable unit)."""
+
+
+# -- what a model kind supplies ------------------------------------------------------------------------------
+
+class SearchSpec(Protocol):
+    NAME: str
+    WEIGHT_OPS: Sequence[str]  # op types with constant weights that run in INT8 (MatMul, Conv, Gemm)
+    TARGETS: Sequence[Target]  # accuracy gates
+    SPEED_TARGET: Target  # INT8 vs FP32 at the served batch sizes ("int8_speedup")
+    SPEED_BATCHES: Sequence[int]
+    SERVE_THREADS: int
+
+    def calibration_batches(self): ...
+    def calibration_batch_count(self) -> int: ...
+    def eval_batches(self, split: str) -> list[Feeds]: ...
+    def gate_metrics(self, ref: np.ndarray, got: np.ndarray) -> dict[str, float]: ...
+    def speed_feeds(self, batch: int) -> Feeds: ...
+
+
+# -- scoring -------------------------------------------------------------------------------------------------
+
+def slack(target: Target, metrics: dict[str, float]) -> float:
+    """Distance to a gate in units of its scale: >= 0 passes."""
+    got = metrics.get(target.metric, float("-inf") if target.op == ">=" else float("inf"))
+    gap = got - target.value if target.op == ">=" else target.value - got
+    return gap / target_scale(target)
+
+
+def target_scale(target: Target) -> float:
+    """How much of a metric is 'one gate': the distance from the gate to perfect (1.0) for >= gates near 1."""
+    if target.scale:
+        return target.scale
+    if target.op == ">=" and 0 < target.value < 1:
+        return 1.0 - target.value
+    return abs(target.value) or 1.0
+
+
+def distortion(targets: Sequence[Target], metrics: dict[str, float]) -> float:
+    """Continuous badness used to rank candidates and units: summed gate-normalised shortfall (not clipped, so it
+    keeps ranking once every gate passes)."""
+    return float(sum(-slack(t, metrics) for t in targets))
+
+
+def passes(targets: Sequence[Target], metrics: dict[str, float], margin: float = 0.0) -> bool:
+    # A gate at perfection (e.g. 100 % agreement) has no room for a margin.
+    return all(slack(t, metrics) >= (margin if t.value < 1 else 0.0) for t in targets)
+
+
+def missed(targets: Sequence[Target], metrics: dict[str, float]) -> list[str]:
+    return [f"{t.metric} {metrics.get(t.metric, float('nan')):.4f} (gate {t.op} {t.value})"
+            for t in targets if not t.met(metrics)]
+
+
+# -- the outcome ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Recipe:
+    """A searched recipe: the knobs and the units kept in float. Committed; `to_quant` rebuilds the QuantRecipe."""
+
+    form: str  # "int8" (symmetric, zero points 0: TensorRT) or "uint8" (onnxruntime's CPU form)
+    placement: str  # "inputs": Q/DQ on weighted ops' inputs only; "all": every op onnxruntime quantizes
+    calibrate_method: str = "minmax"
+    smooth_alpha: float | None = None
+    bias_correction: bool = False
+    float_nodes: list[str] = field(default_factory=list)
+    extra_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_quant(self, weight_ops: Sequence[str], name: str = "searched") -> QuantRecipe:
+        inputs = self.placement == "inputs"
+        return QuantRecipe(
+            name=name,
+            calibrate_method=self.calibrate_method,
+            op_types=list(weight_ops) if inputs else None,
+            nodes_to_exclude=list(self.float_nodes),
+            quantize_outputs=not inputs,
+            isolate_inputs=inputs,
+            smooth_alpha=self.smooth_alpha,
+            bias_correction=self.bias_correction,
+            activation_type=self.form,
+            extra_options=dict(self.extra_options),
+            rationale="found by tritonkit.search (see the search report)",
+        )
+
+    def describe(self) -> str:
+        parts = [self.form, self.placement, self.calibrate_method]
+        if self.smooth_alpha is not None:
+            parts.append(f"smooth{self.smooth_alpha}")
+        if self.bias_correction:
+            parts.append("biascorr")
+        return "-".join(parts) + f" +{len(self.float_nodes)} float"
+
+    @classmethod
+    def from_json(cls, data: dict) -> Recipe:
+        return cls(**data)
+
+
+@dataclass
+class Step:
+    stage: str
+    change: str
+    recipe: str
+    metrics: dict[str, float]
+    distortion: float
+    passed: bool
+    speedup: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class SearchResult:
+    form: str
+    recipe: Recipe | None  # None: nothing passed; the FP32 model is served
+    validation: dict[str, float]
+    test: dict[str, float]
+    speed: dict[str, float]
+    steps: list[Step]
+    sensitivity: list[dict]
+    best_failed: list[dict]
+    seconds: float
+    passed: bool
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
+
+
+# -- evaluation ----------------------------------------------------------------------------------------------
+
+def session(model, threads: int = 0):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    data = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
+    name = sess.get_outputs()[0].name
+    inputs = {i.name for i in sess.get_inputs()}
+    return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
+
+
+class Evaluator:
+    """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""
+
+    def __init__(self, spec: SearchSpec, fp32: Path, split: str):
+        self.spec, self.split = spec, split
+        self.batches = spec.eval_batches(split)
+        self.ref = run_batches(session(fp32), self.batches)
+
+    def metrics(self, model) -> dict[str, float]:
+        return self.spec.gate_metrics(self.ref, run_batches(session(model), self.batches))
+
+
+def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 5) -> dict[str, float]:
+    """INT8 ÷ FP32 throughput per batch size, single-instance threads as served, runs interleaved (median)."""
+    sessions = {"fp32": session(fp32, spec.SERVE_THREADS), "int8": session(model, spec.SERVE_THREADS)}
+    out: dict[str, float] = {}
+    for batch in batches:
+        feeds = spec.speed_feeds(batch)
+        times: dict[str, list[float]] = {k: [] for k in sessions}
+        for s in sessions.values():
+            s.run(None, feeds)
+        for _ in range(repeats):
+            for k, s in sessions.items():
+                t0 = time.perf_counter()
+                s.run(None, feeds)
+                times[k].append(time.perf_counter() - t0)
+        fp32_ms, int8_ms = (float(np.median(times[k])) * 1e3 for k in ("fp32", "int8"))
+        out[f"fp32_ms_batch{batch}"] = fp32_ms
+        out[f"int8_ms_batch{batch}"] = int8_ms
+        out[f"speedup_batch{batch}"] = fp32_ms / int8_ms
+    out["int8_speedup"] = min(v for k, v in out.items() if k.startswith("speedup_batch"))
+    return out
+
+
+# -- units ---------------------------------------------------------------------------------------------------
+
+def quantizable_nodes(model_path: Path, weight_ops: Sequence[str]) -> list[str]:
+    """Nodes of the INT8 op types (MatMul, Conv, Gemm): with constant weights, or two activations (attention)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type in weight_ops]
+
+
+def group_units(nodes: Sequence[str], max_units: int) -> dict[str, list[str]]:
+    """One unit per node, or per block (the name up to its first indexed path segment) when there are too many
+    for a one-at-a-time scan to stay cheap."""
+    import re
+
+    if len(nodes) <= max_units:
+        return {n: [n] for n in nodes}
+    units: dict[str, list[str]] = {}
+    for n in nodes:
+        parts = n.strip("/").split("/")
+        key = next((("/".join(parts[: i + 1])) for i, p in enumerate(parts) if re.search(r"[._]\d+$", p)), n)
+        units.setdefault(key, []).append(n)
+    return units
+
+
+# -- the search ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Track:
+    """One starting point (form × placement) carried through knobs, sensitivity and fallback."""
+
+    recipe: Recipe
+    metrics: dict[str, float]
+    distortion: float
+
+
+class Search:
+    def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
+                 max_units: int = 40, max_tracks: int = 2, progress: bool = True, log: Callable = print):
+        self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
+        self.form = "/".join(self.forms)
+        self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
+        self.progress, self.log = progress, log
+        # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
+        self.rank_targets = [*spec.TARGETS, *getattr(spec, "PROXY_TARGETS", [])]
+        self.steps: list[Step] = []
+        self.sensitivity: list[dict] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="tritonkit-search-")
+        self._prepared: dict[tuple, Any] = {}
+        self._ranges: dict[tuple, Any] = {}
+        self._val: Evaluator | None = None
+
+    # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
+    def _prepare(self, r: Recipe):
+        from tritonkit.quantize import prepare
+
+        key = (r.placement, r.smooth_alpha, r.bias_correction)
+        if key not in self._prepared:
+            work = Path(self._tmp.name) / f"prep{len(self._prepared)}"
+            work.mkdir()
+            self._prepared[key] = prepare(self.fp32, replace(r, float_nodes=[]).to_quant(self.spec.WEIGHT_OPS),
+                                          self.spec.calibration_batches, work, self.spec.calibration_batch_count())
+        return self._prepared[key]
+
+    def _calibrate(self, r: Recipe):
+        from tritonkit.quantize import calibrate
+
+        key = (r.placement, r.smooth_alpha, r.bias_correction, r.calibrate_method, json.dumps(r.extra_options))
+        if key not in self._ranges:
+            prepared = self._prepare(r)
+            self._ranges[key] = calibrate(prepared, r.to_quant(self.spec.WEIGHT_OPS), self.spec.calibration_batches,
+                                          prepared.path.parent, self.spec.calibration_batch_count(), self.progress)
+        return self._ranges[key]
+
+    def build(self, r: Recipe):
+        from tritonkit.quantize import quantize_prepared
+
+        return quantize_prepared(self._prepare(r), self._calibrate(r), r.to_quant(self.spec.WEIGHT_OPS),
+                                 r.float_nodes)
+
+    @property
+    def val(self) -> Evaluator:
+        if self._val is None:
+            self._val = Evaluator(self.spec, self.fp32, "validation")
+        return self._val
+
+    def measure(self, stage: str, change: str, r: Recipe, speed: bool = False) -> Step | None:
+        """Quantize + score one candidate on validation; None when the form's rules reject the graph."""
+        from tritonkit.quantize import QuantizationError
+
+        t0 = time.perf_counter()
+        try:
+            model = self.build(r)
+        except QuantizationError as exc:
+            self.log(f"  {stage:<11} {change:<42} rejected: {exc}")
+            self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
+                                   round(time.perf_counter() - t0, 1)))
+            return None
+        metrics = self.val.metrics(model)
+        sp = None
+        if speed and self.check_speed:
+            sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3)["int8_speedup"]
+        step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
+                    passes(self.spec.TARGETS, metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
+        self.steps.append(step)
+        self.log(f"  {stage:<11} {change:<42} {_summary(self.spec.TARGETS, metrics)}"
+                 + (f" speed x{sp:.2f}" if sp is not None else "") + (" PASS" if step.passed else ""))
+        return step
+
+    def _applicable_methods(self) -> list[tuple[str, dict]]:
+        """Histogram calibrators concatenate every batch's tensors: they need equal-shape calibration feeds."""
+        shapes = {tuple(v.shape for v in b.values()) for b in self.spec.calibration_batches()}
+        methods = [("minmax", {})]
+        if len(shapes) == 1:
+            methods += [("percentile", {"CalibPercentile": 99.999}), ("entropy", {})]
+        return methods
+
+    def start(self) -> list[Track]:
+        # TensorRT's form is placed on weighted ops' inputs only (the placement its explicit-quantization fuses).
+        placements = ["inputs", "all"] if self.check_speed else ["inputs"]
+        tracks = []
+        for form in self.forms:
+            for placement in placements:
+                r = Recipe(form=form, placement=placement)
+                step = self.measure("start", f"form={form} placement={placement}", r, speed=True)
+                if step is None:
+                    continue
+                if self.check_speed and step.speedup is not None and step.speedup < self.spec.SPEED_TARGET.value:
+                    self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
+                    continue
+                tracks.append(Track(r, step.metrics, step.distortion))
+        tracks.sort(key=lambda t: t.distortion)
+        return tracks[: self.max_tracks]
+
+    def knobs(self, track: Track) -> Track:
+        ops = set(self.spec.WEIGHT_OPS)
+        trials: list[tuple[str, dict]] = []
+        if "MatMul" in ops:
+            trials += [(f"smooth_alpha={a}", {"smooth_alpha": a}) for a in (0.5, 0.8)]
+        if "Conv" in ops:
+            trials.append(("bias_correction", {"bias_correction": True}))
+        for trial_group in (trials, [(f"calibrate={m}", {"calibrate_method": m, "extra_options": x})
+                                     for m, x in self._applicable_methods()[1:]]):
+            best = track
+            for change, kw in trial_group:
+                r = replace(track.recipe, **kw)
+                step = self.measure("knob", change, r)
+                if step is not None and step.distortion < best.distortion:
+                    best = Track(r, step.metrics, step.distortion)
+            track = best
+        return track
+
+    def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
+        from tqdm import tqdm
+
+        nodes = quantizable_nodes(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS)
+        if not nodes:
+            raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node with a constant weight")
+        units = group_units(nodes, self.max_units)
+        ranked = []
+        from tritonkit.quantize import QuantizationError
+
+        for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
+                                  disable=not self.progress):
+            try:
+                model = self.build(replace(track.recipe, float_nodes=members))
+            except QuantizationError:
+                continue
+            gain = track.distortion - distortion(self.rank_targets, self.val.metrics(model))
+            ranked.append((unit, members, gain))
+        ranked.sort(key=lambda u: -u[2])
+        self.sensitivity.append({"recipe": track.recipe.describe(),
+                                 "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
+        return ranked
+
+    def fallback(self, track: Track, ranked) -> tuple[Recipe | None, list[Step]]:
+        """Cumulative fallback in sensitivity order until the gates hold on validation (with the margin)."""
+        r, tried = track.recipe, []
+        if passes(self.spec.TARGETS, track.metrics, self.margin):
+            return r, tried
+        for unit, members, gain in ranked[: max(1, len(ranked) // 2)]:
+            if gain <= 0:
+                break
+            r = replace(r, float_nodes=[*r.float_nodes, *members])
+            step = self.measure("fallback", f"+float {unit}", r, speed=True)
+            if step is None:
+                continue
+            tried.append(step)
+            if self.check_speed and step.speedup is not None and step.speedup < self.spec.SPEED_TARGET.value:
+                self.log("  stopped: the speed gate no longer holds")
+                return None, tried
+            if step.passed:
+                return r, tried
+        return None, tried
+
+    def run(self) -> SearchResult:
+        t0 = time.perf_counter()
+        self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate")
+        finals: list[tuple[Recipe, dict]] = []
+        failed: list[dict] = []
+        for track in self.start():
+            track = self.knobs(track)
+            recipe, tried = self.fallback(track, self.rank_units(track))
+            if recipe is None:
+                best = min(tried or [self.steps[-1]], key=lambda s: s.distortion)
+                failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
+                continue
+            speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES) \
+                if self.check_speed else {}
+            finals.append((recipe, speed))
+            self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
+        if self.check_speed:
+            ok = [(r, s) for r, s in finals if self.spec.SPEED_TARGET.met(s)]
+            failed += [{"recipe": r.describe(), "speedup": s.get("int8_speedup")} for r, s in finals
+                       if not self.spec.SPEED_TARGET.met(s)]
+        else:
+            ok = finals
+        if not ok:
+            return self._result(None, {}, {}, {}, failed, t0, "no candidate met the accuracy and speed gates")
+        recipe, speed = max(ok, key=lambda rs: rs[1].get("int8_speedup", 0.0))
+        model = self.build(recipe)
+        validation = self.val.metrics(model)
+        self.log("[search] confirming once on the test split")
+        test = Evaluator(self.spec, self.fp32, "test").metrics(model)
+        ok_test = passes(self.spec.TARGETS, test)
+        reason = "" if ok_test else "test split: " + "; ".join(missed(self.spec.TARGETS, test))
+        return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
+                            chosen=recipe)
+
+    def _result(self, recipe, validation, test, speed, failed, t0, reason, chosen=None) -> SearchResult:
+        self._tmp.cleanup()
+        res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
+                           round(time.perf_counter() - t0, 1), recipe is not None, reason)
+        if chosen is not None and recipe is None:
+            res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
+        return res
+
+
+def _summary(targets: Sequence[Target], metrics: dict[str, float]) -> str:
+    return " ".join(f"{t.metric}={metrics.get(t.metric, float('nan')):.4f}" for t in targets)
+
+
+def _speed(speed: dict[str, float]) -> str:
+    return " ".join(f"b{k.removeprefix('speedup_batch')}:x{v:.2f}" for k, v in speed.items()
+                    if k.startswith("speedup_batch")) or "-"
