@@ -2,7 +2,7 @@
 
 Run `python -m tritonkit.data.make_eval_corpus` after `make setup` (which installs the packages below); the
 output is committed, so a build never depends on them. None of it is CPython docstrings (the calibration source,
-`sentences.txt`): any text sharing a sentence with that file is dropped.
+`sentences.txt`): any text sharing a run of 8 words (or, if shorter, all its words) with that file is dropped.
 
 Sources (licences in the data README): `fortunes` (quotations and jokes), `wordnet-base` (dictionary: lemma names,
 glosses, usage examples), `bible-kjv` (King James Bible, public domain), `manpages` (Linux technical prose) and
@@ -264,14 +264,19 @@ def kind_of(text: str, tokens: int) -> str:
     return "sentence" if len(sentences_of(text)) == 1 else "paragraph"
 
 
-def calibration_sentences() -> set[str]:
-    lines = CALIBRATION.read_text(encoding="utf-8").splitlines()
-    return {norm(s).lower() for line in lines for s in sentences_of(line)}
+def shingles(text: str, n: int = 8) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)} or {tuple(words)}
+
+
+def calibration_shingles() -> set[tuple[str, ...]]:
+    # Any 8-word run shared with the calibration text counts (docstrings quote licence boilerplate too).
+    return {s for line in CALIBRATION.read_text(encoding="utf-8").splitlines() for s in shingles(line)}
 
 
 def build() -> list[dict[str, str]]:
     count = token_counter()
-    banned = calibration_sentences()
+    banned = calibration_shingles()
     sources: dict[str, Iterable[str]] = {
         "fortunes": fortunes(),
         "wordnet": wordnet(random.Random(SEED), count),
@@ -286,7 +291,7 @@ def build() -> list[dict[str, str]]:
         for text in texts:
             text = norm(text)
             key = text.lower()
-            if not text or key in seen or any(norm(s).lower() in banned for s in sentences_of(text)):
+            if not text or key in seen or shingles(text) & banned:
                 continue
             tokens = count(text)
             if tokens > MAX_PASSAGE_TOKENS:
@@ -303,9 +308,13 @@ def build() -> list[dict[str, str]]:
     return rows
 
 
+def serialize(rows: list[dict[str, str]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
 def main() -> None:
     rows = build()
-    OUT.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    OUT.write_text(serialize(rows), encoding="utf-8")
     table: dict[tuple[str, str], int] = defaultdict(int)
     for r in rows:
         table[r["source"], r["kind"]] += 1
