@@ -1,24 +1,38 @@
-"""Kubernetes manifests for Triton replicas, rendered from one description so the GPU and CPU variants cannot drift.
+"""Kubernetes manifests, Prometheus Operator objects and the container command, rendered from one description.
 
-`python -m tritonkit.deploy` rewrites `deploy/k8s/{gpu,cpu}.yaml` and the Grafana dashboard; tests check the
-committed files equal this output, validate against the Kubernetes schemas, and that every PromQL expression
-parses (promtool) and names metrics a real server exports.
+`python -m tritonkit.deploy` (`make manifests`) rewrites the generated files under deploy/ (see OUTPUTS); tests check
+the committed files equal this output and validate them against the Kubernetes and Prometheus Operator schemas,
+run the rules through `promtool test rules`, and check the metric names against a real server.
+
+Users apply one variant with `kubectl apply -k deploy/k8s/gpu` (or `cpu`); the image registry is set in one place,
+deploy/k8s/image/kustomization.yaml (hand-edited, not generated).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
+from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import paths
-from tritonkit.server import CONTROL_HEADER, RESTRICTED_APIS
+from tritonkit import ngc, paths
+from tritonkit.config import load_repository
 
-K8S_DIR = paths.ROOT / "deploy" / "k8s"
-QUEUE_METRIC = "tritonkit_queue_us_per_request"
+DEPLOY = paths.ROOT / "deploy"
+K8S_DIR = DEPLOY / "k8s"
+ADAPTER_VALUES = DEPLOY / "helm" / "prometheus-adapter-values.yaml"
+# The custom metric the HorizontalPodAutoscalers scale on, and the recording rule prometheus-adapter serves it from.
+QUEUE_METRIC = "tritonkit_queue_us_per_client_request"
+QUEUE_RULE = "tritonkit:pod_queue_us_per_client_request:rate1m"
 EXIT_TIMEOUT_S = 30
+MODEL_REPOSITORY_CLAIM = "tritonkit-model-repository"
+# Pods of every variant carry these; the PodMonitor selects them.
+SERVER_LABELS = {"app.kubernetes.io/part-of": "tritonkit", "app.kubernetes.io/component": "tritonserver"}
+SCRAPE_JOB = "tritonkit"
 
 
 @dataclass(frozen=True)
@@ -27,37 +41,73 @@ class Variant:
     cpu: str
     memory: str
     gpus: int
-    # HPA target: mean queue time per request (µs) a pod may show before another replica is added.
+    # HPA target: mean queue time (µs) per client request a pod may show before another replica is added.
     queue_target_us: int
     max_replicas: int
+    # Rolling update: GPU nodes rarely have a spare GPU for a surge pod, so GPU replicas are replaced one at a time.
+    max_surge: int
+    max_unavailable: int
 
 
 VARIANTS = {
     # A GPU replica absorbs bursts fast; scale before queueing reaches a few ms of a ~20 ms budget.
-    "gpu": Variant("tritonkit", cpu="4", memory="12Gi", gpus=1, queue_target_us=5_000, max_replicas=8),
+    "gpu": Variant("tritonkit", cpu="4", memory="12Gi", gpus=1, queue_target_us=5_000, max_replicas=8,
+                   max_surge=0, max_unavailable=1),
     # CPU replicas compute slower, so a larger share of the budget is queue before a new pod pays off.
-    "cpu": Variant("tritonkit-cpu", cpu="4", memory="6Gi", gpus=0, queue_target_us=20_000, max_replicas=16),
+    "cpu": Variant("tritonkit-cpu", cpu="4", memory="6Gi", gpus=0, queue_target_us=20_000, max_replicas=16,
+                   max_surge=1, max_unavailable=0),
 }
 
 
-def manifests(v: Variant, image: str = "tritonkit-tritonserver:24.10") -> list[dict]:
-    labels = {"app.kubernetes.io/name": v.name, "app.kubernetes.io/part-of": "tritonkit"}
+def _gpu_only(name: str, configs: dict[str, mc.ModelConfig], seen: frozenset[str] = frozenset()) -> bool:
+    """A model needs a GPU: TensorRT, a KIND_GPU instance group, or an ensemble step that does."""
+    cfg = configs[name]
+    if cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt":
+        return True
+    if any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in cfg.instance_group):
+        return True
+    steps = {s.model_name for s in cfg.ensemble_scheduling.step} - seen
+    return any(_gpu_only(s, configs, seen | {name}) for s in steps if s in configs)
+
+
+def cpu_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
+    """Models a CPU-only replica loads (`--load-model` each): everything that does not need a GPU."""
+    configs = load_repository(repository)
+    return sorted(n for n in configs if not _gpu_only(n, configs))
+
+
+def entry_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
+    """Models clients call: ensembles and every model no ensemble uses as a step."""
+    configs = load_repository(repository)
+    steps = {s.model_name for c in configs.values() for s in c.ensemble_scheduling.step}
+    return sorted(set(configs) - steps)
+
+
+def server_command(models: Sequence[str] | None = None) -> list[str]:
+    """The container's command: tritonserver under tritonkit.supervisor (which reloads a model whose Python stub
+    died, through the repository API; explicit model control is what allows that). `models` None = all."""
+    load = ["--load-model=*"] if models is None else [f"--load-model={m}" for m in models]
+    return [
+        "python3", "-m", "tritonkit.supervisor", "--",
+        "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", *load,
+        "--strict-readiness=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}", "--metrics-config=summary_latencies=true",
+    ]
+
+
+def manifests(v: Variant, models: Sequence[str] | None = None) -> list[dict]:
+    labels = {"app.kubernetes.io/name": v.name, **SERVER_LABELS}
     resources = {"requests": {"cpu": v.cpu, "memory": v.memory}, "limits": {"memory": v.memory}}
     if v.gpus:
         resources["requests"]["nvidia.com/gpu"] = v.gpus
         resources["limits"]["nvidia.com/gpu"] = v.gpus
-    restricted = f"{RESTRICTED_APIS}:{CONTROL_HEADER}=$(TRITONKIT_CONTROL_KEY)"
     container = {
         "name": "tritonserver",
-        "image": image,
-        "args": [
-            "--model-control-mode=none",
-            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-            "--metrics-config=summary_latencies=true",
-            f"--http-restricted-api={restricted}",
-            f"--grpc-restricted-protocol={restricted}",
-        ],
+        # The registry is prefixed by the kustomize component deploy/k8s/image (the one place to set it).
+        "image": ngc.IMAGE,
+        # `args`, not `command`: NGC's entrypoint (driver compatibility checks) stays and runs them.
+        "args": server_command(models),
         "env": [
+            # tritonkit.supervisor restricts the repository, trace and logging APIs to this key.
             {"name": "TRITONKIT_CONTROL_KEY",
              "valueFrom": {"secretKeyRef": {"name": "tritonkit-control-key", "key": "key"}}},
         ],
@@ -87,22 +137,25 @@ def manifests(v: Variant, image: str = "tritonkit-tritonserver:24.10") -> list[d
         "kind": "Deployment",
         "metadata": {"name": v.name, "labels": labels},
         "spec": {
-            "replicas": 1,
+            # Two replicas, so a node drain (PDB maxUnavailable 1) never takes the service down.
+            "replicas": 2,
             "selector": {"matchLabels": labels},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": v.max_surge, "maxUnavailable": v.max_unavailable}},
             "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8002",
-                                    "prometheus.io/path": "/metrics"},
-                },
+                "metadata": {"labels": labels},
                 "spec": {
                     # preStop + Triton's exit timeout must fit, or in-flight requests are cut.
                     "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 30,
+                    # Replicas on different nodes, so one node going away leaves the others serving.
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": labels},
+                    }],
                     "containers": [container],
                     "volumes": [
-                        # Filled by a Job running `make build-engines` (or `make build` for CPU) into the claim.
                         {"name": "model-repository",
-                         "persistentVolumeClaim": {"claimName": "tritonkit-model-repository", "readOnly": True}},
+                         "persistentVolumeClaim": {"claimName": MODEL_REPOSITORY_CLAIM, "readOnly": True}},
                         # The Python backend moves tensors through /dev/shm; the container default is 64 MB.
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
                     ],
@@ -126,7 +179,7 @@ def manifests(v: Variant, image: str = "tritonkit-tritonserver:24.10") -> list[d
         "metadata": {"name": v.name, "labels": labels},
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": v.name},
-            "minReplicas": 1,
+            "minReplicas": 2,
             "maxReplicas": v.max_replicas,
             "metrics": [{
                 "type": "Pods",
@@ -148,12 +201,124 @@ def manifests(v: Variant, image: str = "tritonkit-tritonserver:24.10") -> list[d
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": v.name, "labels": labels},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
+        # One pod at a time may be evicted: drains proceed, the other replicas keep serving.
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}},
     }
     return [deployment, service, hpa, pdb]
 
 
-# Grafana panels: (title, unit, [(PromQL, legend)]). Recording rules come from deploy/prometheus/rules.yml.
+def storage() -> list[dict]:
+    """The model repository volume every replica mounts read-only, on whichever node it runs."""
+    return [{
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": MODEL_REPOSITORY_CLAIM, "labels": {"app.kubernetes.io/part-of": "tritonkit"}},
+        "spec": {
+            # Replicas spread over nodes: the volume must attach to many nodes at once (NFS, CephFS, cloud file
+            # shares, or a PV pre-populated from a snapshot); ReadWriteOnce block volumes cannot do that.
+            "accessModes": ["ReadOnlyMany"],
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }]
+
+
+def _ratio(numerator: str, denominator: str) -> str:
+    return f"{numerator}\n/ clamp_min({denominator}, 1e-9)"
+
+
+def rule_groups(repository: Path = paths.MODEL_REPOSITORY) -> list[dict]:
+    """Recording and alerting rules over Triton's own counters (model/version labels; namespace/pod come from the
+    PodMonitor's relabelings)."""
+    by_model = "sum by (namespace, pod, model)"
+    entries = "|".join(entry_models(repository))
+    client_requests = f'sum by (namespace, pod) (rate(nv_inference_request_success{{model=~"{entries}"}}[1m]))'
+    records = [
+        # Mean time a request waited in one model's scheduler queue (µs / request of that model).
+        ("tritonkit:queue_us_per_request:rate1m", _ratio(f"{by_model} (rate(nv_inference_queue_duration_us[1m]))",
+                                                         f"{by_model} (rate(nv_inference_request_success[1m]))")),
+        # Compute time per request, to tell "not enough instances" (queue) from "slow model" (compute).
+        ("tritonkit:compute_us_per_request:rate1m",
+         _ratio(f"{by_model} (rate(nv_inference_compute_infer_duration_us[1m]))",
+                f"{by_model} (rate(nv_inference_request_success[1m]))")),
+        ("tritonkit:requests_per_second:rate1m", f"{by_model} (rate(nv_inference_request_success[1m]))"),
+        ("tritonkit:failures_per_second:rate1m", f"{by_model} (rate(nv_inference_request_failure[1m]))"),
+        # Mean requests per model execution: how well dynamic batching merges.
+        ("tritonkit:batch_size:rate1m", _ratio(f"{by_model} (rate(nv_inference_count[1m]))",
+                                               f"{by_model} (rate(nv_inference_exec_count[1m]))")),
+        # Requests clients sent (entry models only: a step's requests are the same client requests again).
+        ("tritonkit:client_requests_per_second:rate1m", client_requests),
+        # The HPA metric: queue time one client request spent in all the queues it passed, per pod. An ensemble's
+        # own queue counter does not include its steps' queues (Triton 2.51), so every model's queue time is
+        # summed and divided by client requests only.
+        (QUEUE_RULE, _ratio("sum by (namespace, pod) (rate(nv_inference_queue_duration_us[1m]))", client_requests)),
+    ]
+    alerts = [
+        {"alert": "TritonkitQueueTimeHigh",
+         "expr": f"{QUEUE_RULE} > 50000",
+         "for": "10m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "{{ $labels.pod }}: client requests wait {{ $value | humanize }}µs in queues "
+                                    "for 10 min (the HPA is at its maximum or cannot add pods)"}},
+        {"alert": "TritonkitRequestFailures",
+         "expr": _ratio(f"{by_model} (rate(nv_inference_request_failure[5m]))",
+                        f"{by_model} (rate(nv_inference_request_success[5m]) + rate(nv_inference_request_failure[5m]))"
+                        ) + " > 0.01",
+         "for": "5m",
+         "labels": {"severity": "warning"},
+         "annotations": {"summary": "{{ $labels.pod }}: over 1 % of requests to {{ $labels.model }} fail"}},
+        {"alert": "TritonkitTargetDown",
+         "expr": f'up{{job="{SCRAPE_JOB}"}} == 0',
+         "for": "5m",
+         "labels": {"severity": "critical"},
+         "annotations": {"summary": "{{ $labels.pod }}: Prometheus cannot scrape Triton's metrics port"}},
+    ]
+    return [
+        {"name": "tritonkit.rules", "interval": "15s",
+         "rules": [{"record": name, "expr": expr} for name, expr in records]},
+        {"name": "tritonkit.alerts", "rules": alerts},
+    ]
+
+
+def monitoring(repository: Path = paths.MODEL_REPOSITORY) -> list[dict]:
+    """PodMonitor (scrapes every Triton pod, adds the namespace/pod labels the rules group by) and PrometheusRule."""
+    labels = {"app.kubernetes.io/part-of": "tritonkit"}
+    pod_monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "tritonkit", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": SERVER_LABELS},
+            "podMetricsEndpoints": [{
+                "port": "metrics", "path": "/metrics", "interval": "15s",
+                # Set here rather than relying on the operator's defaults, which differ between setups.
+                "relabelings": [
+                    {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+                    {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"},
+                    {"targetLabel": "job", "replacement": SCRAPE_JOB},
+                ],
+            }],
+        },
+    }
+    rule = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "tritonkit", "labels": labels},
+        "spec": {"groups": rule_groups(repository)},
+    }
+    return [pod_monitor, rule]
+
+
+def adapter_values() -> dict:
+    """prometheus-adapter Helm values (chart prometheus-community/prometheus-adapter, key `rules.custom`)."""
+    return {"rules": {"default": False, "custom": [{
+        "seriesQuery": f'{QUEUE_RULE}{{namespace!="",pod!=""}}',
+        "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+        "name": {"matches": f"^{QUEUE_RULE}$", "as": QUEUE_METRIC},
+        "metricsQuery": "max by (<<.GroupBy>>) (<<.Series>>{<<.LabelMatchers>>})",
+    }]}}
+
+
+# Grafana panels: (title, unit, [(PromQL, legend)]). Recording rules come from rule_groups().
 PANELS = [
     ("Requests / s", "reqps", [("tritonkit:requests_per_second:rate1m", "{{pod}} {{model}}")]),
     ("p99 request latency", "µs", [('max by (model) (nv_inference_request_summary_us{quantile="0.99"})',
@@ -162,7 +327,7 @@ PANELS = [
         ("tritonkit:queue_us_per_request:rate1m", "queue {{model}}"),
         ("tritonkit:compute_us_per_request:rate1m", "compute {{model}}"),
     ]),
-    ("Pod queue time per request (HPA metric)", "µs", [("tritonkit:pod_queue_us_per_request:rate1m", "{{pod}}")]),
+    ("Queue time per client request (HPA metric)", "µs", [(QUEUE_RULE, "{{pod}}")]),
     ("Requests per model execution (batch size)", "none", [("tritonkit:batch_size:rate1m", "{{model}}")]),
     ("Failures / s", "reqps", [("tritonkit:failures_per_second:rate1m", "{{pod}} {{model}}")]),
     ("Response cache hit rate", "percentunit", [(
@@ -172,7 +337,7 @@ PANELS = [
         "sum by (model) (rate(tritonkit_ort_padding_elements_total[5m])) / clamp_min(sum by (model) "
         "(rate(tritonkit_ort_input_elements_total[5m])), 1e-9)", "{{model}}")]),
 ]
-DASHBOARD = paths.ROOT / "deploy" / "grafana" / "tritonkit.json"
+DASHBOARD = DEPLOY / "grafana" / "tritonkit.json"
 
 
 def dashboard() -> dict:
@@ -194,15 +359,44 @@ def dashboard() -> dict:
     }
 
 
-def render_dashboard() -> str:
-    return json.dumps(dashboard(), indent=2, ensure_ascii=False) + "\n"
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (PromQL) as literal blocks; no YAML anchors for repeated label maps."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
 
 
-def render(variant: str) -> str:
-    header = (f"# Generated by `python -m tritonkit.deploy` ({variant} variant); edit tritonkit/deploy.py instead.\n"
-              "# Needs: a PVC `tritonkit-model-repository` holding model_repository/, a Secret\n"
-              "# `tritonkit-control-key` (key: key), and prometheus-adapter with deploy/k8s/prometheus-adapter.yaml.\n")
-    return header + yaml.safe_dump_all(manifests(VARIANTS[variant]), sort_keys=False)
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s
+                                                             else None))
+
+
+def _yaml(docs: list[dict], what: str) -> str:
+    header = f"# Generated by `python -m tritonkit.deploy` ({what}); edit tritonkit/deploy.py instead.\n"
+    return header + yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+def _kustomization(resources: list[str], components: list[str] | None = None) -> str:
+    doc: dict = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": resources}
+    if components:
+        doc["components"] = components
+    return _yaml([doc], "kustomize entry point")
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file under deploy/ and its content."""
+    files = {
+        K8S_DIR / "common" / "kustomization.yaml": _kustomization(["storage.yaml", "monitoring.yaml"]),
+        K8S_DIR / "common" / "storage.yaml": _yaml(storage(), "model repository volume"),
+        K8S_DIR / "common" / "monitoring.yaml": _yaml(monitoring(), "PodMonitor and PrometheusRule"),
+        ADAPTER_VALUES: "# Helm values for prometheus-community/prometheus-adapter: serves the HPA metric.\n"
+                        + _yaml([adapter_values()], "prometheus-adapter values").split("\n", 1)[1],
+        DASHBOARD: json.dumps(dashboard(), indent=2, ensure_ascii=False) + "\n",
+    }
+    for variant, v in VARIANTS.items():
+        models = None if v.gpus else cpu_models()
+        files[K8S_DIR / variant / "kustomization.yaml"] = _kustomization(["tritonkit.yaml", "../common"], ["../image"])
+        files[K8S_DIR / variant / "tritonkit.yaml"] = _yaml(manifests(v, models), f"{variant} variant")
+    return files
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,8 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the committed files differ")
     args = parser.parse_args(argv)
     stale = []
-    outputs = [(K8S_DIR / f"{variant}.yaml", render(variant)) for variant in VARIANTS]
-    for path, text in [*outputs, (DASHBOARD, render_dashboard())]:
+    for path, text in outputs().items():
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path.relative_to(paths.ROOT)))
