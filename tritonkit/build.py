@@ -22,9 +22,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
-from tritonkit import envinfo, int8, models, paths
+from tritonkit import envinfo, int8, kinds, models, paths
 
 REPORTS = paths.ROOT / "build" / "reports"
 
@@ -45,19 +44,22 @@ def artefact(model: str, version: int = 1) -> Path:
     return paths.MODEL_REPOSITORY / model / str(version) / "model.onnx"
 
 
-def trt_qdq_path(spec: ModuleType) -> Path:
+def trt_qdq_path(spec) -> Path:
     """The TensorRT-form Q/DQ kept beside a served INT8 of another form (read by tritonkit.engines)."""
     return paths.ARTIFACTS / f"{spec.INT8_MODEL}.trt_qdq.onnx"
 
 
-def _fingerprint(spec: ModuleType, stage: str, extra: str = "") -> str:
+def _fingerprint(spec, stage: str, extra: str = "") -> str:
+    """Hash of everything a stage's artefact depends on: the spec file, the kind's code, the stage's code, data."""
+    import sys as _sys
+
     from tritonkit import data, export, quantize, search
 
     h = hashlib.sha256()
-    sources = [spec, export] + ([quantize, search, int8] if stage == "int8" else [])
+    sources = [_sys.modules[type(spec).__module__], export] + ([quantize, search, int8] if stage == "int8" else [])
     for module in sources:
         h.update(Path(inspect.getfile(module)).read_bytes())
-    for path in [data.SENTENCES, *getattr(spec, "DATA_FILES", ())]:
+    for path in [spec.spec.file, data.SENTENCES, *getattr(spec, "DATA_FILES", ())]:
         h.update(Path(path).read_bytes())
     h.update(extra.encode())
     return h.hexdigest()[:16]
@@ -82,7 +84,7 @@ def _log(msg: str) -> None:
     print(f"[build] {msg}", flush=True)
 
 
-def build_fp32(spec: ModuleType, force: bool = False, progress: bool = True) -> tuple[Path, bool]:
+def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, bool]:
     from tritonkit.export import export_onnx, validate_onnx, write_json
 
     path = artefact(spec.FP32_MODEL)
@@ -107,7 +109,7 @@ def build_fp32(spec: ModuleType, force: bool = False, progress: bool = True) -> 
     return path, True
 
 
-def build_int8(spec: ModuleType, fp32: Path, force: bool = False, progress: bool = True,
+def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False) -> list[int8.Outcome]:
     """Both INT8 forms from the committed recipe (searched first if there is none, or with run_search)."""
     data = int8.load_recipes(spec)
@@ -156,14 +158,14 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tritonkit.build", description=__doc__.splitlines()[0])
-    parser.add_argument("target", choices=[*models.REGISTRY, "all"])
+    parser.add_argument("target", choices=[*models.names(), *kinds.ALIASES, "all"])
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--skip-int8", action="store_true", help="only export + validate FP32")
     parser.add_argument("--search", action="store_true",
                         help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    targets = list(models.REGISTRY) if args.target == "all" else [args.target]
+    targets = models.names() if args.target == "all" else [args.target]
     status = 0
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,

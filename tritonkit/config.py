@@ -75,6 +75,8 @@ class ModelSpec:
     parameters: dict[str, str] = field(default_factory=dict)
     ensemble_steps: list[EnsembleStep] = field(default_factory=list)
     default_model_filename: str = ""
+    # Comment lines written above the config (e.g. "generated from ...; do not edit").
+    header: list[str] = field(default_factory=list)
 
     def to_proto(self) -> mc.ModelConfig:
         cfg = mc.ModelConfig(name=self.name, max_batch_size=self.max_batch_size)
@@ -108,7 +110,7 @@ class ModelSpec:
         return cfg
 
     def to_pbtxt(self) -> str:
-        return to_pbtxt(self.to_proto())
+        return "".join(f"# {line}\n" for line in self.header) + to_pbtxt(self.to_proto())
 
     def write(self, repository: Path) -> Path:
         path = Path(repository) / self.name / "config.pbtxt"

@@ -18,7 +18,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 
 from tritonkit import envinfo, paths
 from tritonkit.search import Evaluator, Recipe, Search, missed, speedup
@@ -33,15 +32,15 @@ class GateError(RuntimeError):
     """An INT8 model missed a gate, or was made on another package set or CPU; the message says how to fix it."""
 
 
-def recipe_path(spec: ModuleType) -> Path:
+def recipe_path(spec) -> Path:
     return RECIPES / f"{spec.NAME}.int8.json"
 
 
-def report_path(spec: ModuleType, form: str = "served") -> Path:
+def report_path(spec, form: str = "served") -> Path:
     return REPORTS / f"{spec.NAME}_int8{'' if form == 'served' else '_trt'}.json"
 
 
-def search_command(spec: ModuleType) -> str:
+def search_command(spec) -> str:
     return f"python -m tritonkit.build {spec.NAME} --search"
 
 
@@ -51,7 +50,7 @@ def _log(msg: str) -> None:
 
 # -- search --------------------------------------------------------------------------------------------------
 
-def search(spec: ModuleType, fp32: Path, progress: bool = True) -> dict:
+def search(spec, fp32: Path, progress: bool = True) -> dict:
     """Search both forms, write the committed recipe file and the full search report; returns the recipe data."""
     from tritonkit.export import write_json
 
@@ -82,7 +81,7 @@ def search(spec: ModuleType, fp32: Path, progress: bool = True) -> dict:
     return out
 
 
-def load_recipes(spec: ModuleType) -> dict | None:
+def load_recipes(spec) -> dict | None:
     path = recipe_path(spec)
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -97,7 +96,7 @@ class Outcome:
     missed: list[str]
 
 
-def replay(spec: ModuleType, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
+def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
     from tritonkit.quantize import quantize, quantized_ops
 
@@ -133,7 +132,7 @@ def replay(spec: ModuleType, fp32: Path, form: str, data: dict, out: Path, progr
     return Outcome(form, out, report["status"], miss)
 
 
-def _search_summary(spec: ModuleType, form: str) -> dict:
+def _search_summary(spec, form: str) -> dict:
     """The search's steps and float units, from its report when this machine ran it."""
     path = REPORTS / f"{spec.NAME}_int8_search.json"
     if not path.exists():
@@ -147,7 +146,7 @@ def _loud(msg: str) -> None:
     print(f"{bar}\n[int8] WARNING: {msg}\n{bar}", file=sys.stderr, flush=True)
 
 
-def _write_report(spec: ModuleType, form: str, report: dict) -> None:
+def _write_report(spec, form: str, report: dict) -> None:
     from tritonkit.export import write_json
 
     path = report_path(spec, form)
@@ -158,7 +157,7 @@ def _write_report(spec: ModuleType, form: str, report: dict) -> None:
 
 # -- reading reports back (serve, demo, docs) ----------------------------------------------------------------
 
-def served_problems(spec: ModuleType) -> list[str]:
+def served_problems(spec) -> list[str]:
     """Why the served INT8 model of `spec` must not be served here (empty: fine). FP32 fallback is allowed."""
     path = report_path(spec)
     fix = f"run `make build` (replays models/{spec.NAME}.int8.json) or `{search_command(spec)}`"
@@ -224,7 +223,7 @@ def check_all(names: list[str] | None = None) -> list[str]:
     """Problems of every registered model's served INT8 (empty: all may be served)."""
     from tritonkit import models
 
-    return [p for name in (names or list(models.REGISTRY)) for p in served_problems(models.get(name))]
+    return [p for name in (names or models.names()) for p in served_problems(models.get(name))]
 
 
 README_MARKERS = ("<!-- int8-results:begin (python -m tritonkit.int8 docs) -->", "<!-- int8-results:end -->")
@@ -244,7 +243,7 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path = paths.ROOT / "docs
             f"environment {lock_id}; CPU INT8 features {', '.join(env['cpu_int8_features']) or 'none'} "
             f"({env['machine']}).")
     pages, rows = [f"# INT8 results\n\n{head}\n"], []
-    for name in models.REGISTRY:
+    for name in models.names():
         spec = models.get(name)
         for form in FORMS:
             path = report_path(spec, form)

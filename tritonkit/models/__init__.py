@@ -1,25 +1,24 @@
-"""Registry of model specs: build target name → module path.
+"""Build targets → model kinds. Every model is a spec file (models/<name>.toml) read by its kind class
+(tritonkit.kinds); `text` and `image` are short aliases of the first two pipelines' specs.
 
-A spec module provides NAME, EXPORT (tritonkit.export.ExportSpec), FP32_MODEL / INT8_MODEL (Triton model
-names the artefacts go to), RECIPE and CANDIDATES (tritonkit.quantize.QuantRecipe), TARGETS, and
-calibration_batches() / calibration_batch_count() / evaluate(fp32_path, int8_path) -> metrics. Optional:
-SERVE_RECIPE (+ SERVE_CANDIDATES, TRT_TARGETS): the INT8 form served on CPU when it differs from RECIPE, the
-TensorRT form (see tritonkit.build).
-Modules are imported lazily so `python -m tritonkit.build text` never imports the image stack.
+`tritonkit.models.minilm` and `tritonkit.models.efficientnet_lite0` are those two specs seen as modules (their
+attributes are the kind object's), kept so older call sites read naturally; they hold no model facts.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
-REGISTRY: dict[str, str] = {
-    "text": "tritonkit.models.minilm",
-    "image": "tritonkit.models.efficientnet_lite0",
-}
+from tritonkit import kinds
 
 
-def get(name: str) -> ModuleType:
-    if name not in REGISTRY:
-        raise KeyError(f"unknown model '{name}' (registered: {', '.join(REGISTRY)})")
-    return importlib.import_module(REGISTRY[name])
+def names() -> list[str]:
+    return kinds.names()
+
+
+def get(name: str):
+    return kinds.get(name)
+
+
+def __getattr__(name: str):
+    if name == "REGISTRY":  # spec names, for call sites that iterate the registered models
+        return {n: n for n in kinds.names()}
+    raise AttributeError(name)

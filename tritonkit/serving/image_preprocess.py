@@ -17,6 +17,13 @@ from tritonkit import imaging
 from tritonkit.backend_utils import error_response, param
 
 
+def _floats(text: str) -> tuple[float, float, float]:
+    values = tuple(float(v) for v in text.split(","))
+    if len(values) != 3:
+        raise ValueError(f"expected three comma-separated values, got {text!r}")
+    return values
+
+
 def _bad_request(message: str):
     return error_response(pb_utils, message)
 
@@ -28,6 +35,9 @@ class TritonPythonModel:
         self.cfg = imaging.PreprocessConfig(
             crop=int(dims[-1]),
             resize=int(param(config, "resize", "256")),
+            # The model's normalisation, per channel: (pixel - mean) / std.
+            mean=_floats(param(config, "mean", "127,127,127")),
+            std=_floats(param(config, "std", "128,128,128")),
             max_pixels=int(param(config, "max_pixels", "40000000")),
             max_bytes=int(param(config, "max_bytes", str(32 * 1024 * 1024))),
             field="IMAGE",

@@ -1,0 +1,49 @@
+"""What every model kind shares: names, gates and sessions; the interface the build, the INT8 search and the
+config generator read (see tritonkit.search.SearchSpec)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from tritonkit.quantize import Target
+from tritonkit.specs import Spec, SpecError
+
+
+class Kind:
+    WEIGHT_OPS: tuple[str, ...] = ()
+    DEFAULT_GATES: ClassVar[dict[str, float]] = {}
+    SPEED_BATCHES: tuple[int, ...] = (1, 8, 32)
+    DATA_FILES: tuple[Path, ...] = ()
+
+    def __init__(self, spec: Spec):
+        self.spec = spec
+        self.NAME = spec.name
+        self.FP32_MODEL = spec.fp32_model
+        self.INT8_MODEL = spec.int8_model
+        self.PREPROCESSOR = spec.preprocessor
+        for key, value in spec.gates.items():
+            if key not in self.DEFAULT_GATES:
+                raise SpecError(spec.label, f"gates.{key}", f"unknown gate (known: {', '.join(self.DEFAULT_GATES)})")
+            if value < self.DEFAULT_GATES[key]:
+                raise SpecError(spec.label, f"gates.{key}", f"{value} is looser than the project's gate "
+                                f"{self.DEFAULT_GATES[key]}; a spec may only tighten gates")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.NAME!r})"
+
+    def gate(self, metric: str) -> float:
+        return self.spec.gates.get(metric, self.DEFAULT_GATES[metric])
+
+    @property
+    def SPEED_TARGET(self) -> Target:
+        return Target("int8_speedup", ">=", self.gate("int8_speedup"))
+
+    @staticmethod
+    def session(path: Path, threads: int = 0):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,240 @@
+"""text-embedding: a sentence-transformers encoder served as tokenizer → encoder (→ pooled embedding).
+
+The exported graph is the whole sentence-transformers pipeline after tokenization: the transformer, the pooling
+its directory declares (mean, CLS, max or mean/sqrt(len) over the attention mask) and L2 normalisation when the
+directory has a Normalize module, so the server returns final embeddings. Architectures differ only in how the
+transformer is called (tritonkit.kinds.architectures); the tokenizer is the directory's own tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from functools import cache, cached_property
+from pathlib import Path
+
+import numpy as np
+
+from tritonkit import data
+from tritonkit.export import ExportSample, ExportSpec, row_metric
+from tritonkit.kinds import architectures
+from tritonkit.kinds.base import Kind
+from tritonkit.quantize import Target
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+INPUTS = ("input_ids", "attention_mask")
+OUTPUT = "embedding"
+# Export check: every grid point's batch sizes × sequence lengths, texts long enough to hit truncation.
+VALIDATION_BATCHES = (1, 8, 33, 64)
+VALIDATION_LENGTHS = (8, 32, 64, 128, 256)
+CALIBRATION_TEXTS = 512
+CALIBRATION_BATCH = 16
+EVAL_BATCH = 32
+# Gates (a spec's [gates] may only tighten them): on the held-out corpus, FP32 as the reference.
+DEFAULT_GATES = {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3}
+
+
+def pad(encodings: Sequence, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad a list of tokenizers Encodings to the longest: (ids, mask) int64 [n, longest]."""
+    longest = max(len(e.ids) for e in encodings)
+    ids = np.full((len(encodings), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(encodings), longest), dtype=np.int64)
+    for row, enc in enumerate(encodings):
+        n = len(enc.ids)
+        ids[row, :n] = enc.ids
+        mask[row, :n] = 1
+    return ids, mask
+
+
+def long_text(sentences: Sequence[str], i: int, min_words: int) -> str:
+    """Join consecutive real sentences until the text is long enough to reach (and pass) the length limit."""
+    parts, j = [], i
+    while sum(len(p.split()) for p in parts) < min_words:
+        parts.append(sentences[j % len(sentences)])
+        j += 1
+    return " ".join(parts)
+
+
+def with_long_texts(sentences: Sequence[str], every: int = 10, words: int = 200) -> list[str]:
+    """Every `every`-th text becomes several consecutive sentences joined (>= `words` words, past the length
+    limit), so calibration covers the long texts the server truncates."""
+    return [long_text(sentences, i, words) if i % every == every - 1 else s for i, s in enumerate(sentences)]
+
+
+def validation_texts(point: dict[str, int]) -> list[str]:
+    sentences = data.split("validation")
+    texts = []
+    for row in range(point["batch"]):
+        i = point["start"] + row
+        # Every other row is long enough to hit the truncation limit, so padding and truncation are both checked.
+        texts.append(long_text(sentences, i, point["seq"]) if row % 2 and point["seq"] >= 32 else sentences[i])
+    return texts
+
+
+class TextEmbedding(Kind):
+    WEIGHT_OPS = ("MatMul",)
+    SERVE_THREADS = 1
+    SPEED_BATCHES = (1, 8, 32)
+    DATA_FILES = (data.EVAL_CORPUS,)
+    DEFAULT_GATES = DEFAULT_GATES
+    INPUTS = INPUTS
+    OUTPUT = OUTPUT
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.MAX_LENGTH = spec.facts.max_length
+        self.DIM = spec.facts.dim
+        self.SERVE_THREADS = spec.serving.model_threads
+
+    @property
+    def TARGETS(self) -> list[Target]:
+        return [Target(m, ">=", self.gate(m)) for m in ("cosine_min", "cosine_mean", "top10_overlap")]
+
+    # -- source ------------------------------------------------------------------------------------------
+
+    def model_dir(self) -> Path:
+        return self.spec.source.path()
+
+    def tokenizer_file(self) -> Path:
+        return self.model_dir() / "tokenizer.json"
+
+    @cached_property
+    def architecture(self) -> architectures.Architecture:
+        return architectures.get(self.spec.facts.architecture)
+
+    def load_tokenizer(self, max_length: int | None = None, path: Path | None = None):
+        """HF `tokenizers` with truncation at max_length and no padding (tokenizer.json may ship fixed padding)."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path or self.tokenizer_file()))
+        tok.no_padding()
+        tok.enable_truncation(max_length=max_length or self.MAX_LENGTH)
+        return tok
+
+    @cache  # noqa: B019 - one tokenizer per (kind object, length); kinds live for the process
+    def _tokenizer(self, max_length: int):
+        return self.load_tokenizer(max_length)
+
+    def encode(self, texts: Sequence[str], max_length: int | None = None) -> dict[str, np.ndarray]:
+        ids, mask = pad(self._tokenizer(max_length or self.MAX_LENGTH).encode_batch(list(texts)),
+                        self.spec.facts.pad_id)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def sentence_transformer(self, max_length: int | None = None):
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(self.model_dir()), device="cpu")
+        model.max_seq_length = max_length or self.MAX_LENGTH
+        return model
+
+    def load_encoder(self):
+        """Transformer + the directory's pooling (+ L2 norm) as one torch module (eager attention)."""
+        return architectures.pooled_encoder(self.model_dir(), self.architecture, self.spec.facts.pooling,
+                                            self.spec.facts.normalize)
+
+    # -- export ------------------------------------------------------------------------------------------
+
+    def _grid(self) -> list[dict[str, int]]:
+        grid, start = [], 0
+        for seq in (s for s in VALIDATION_LENGTHS if s < self.MAX_LENGTH):
+            for batch in VALIDATION_BATCHES:
+                grid.append({"batch": batch, "seq": seq, "start": start})
+                start += batch
+        for batch in VALIDATION_BATCHES:  # the longest: what the server sends for long texts
+            grid.append({"batch": batch, "seq": self.MAX_LENGTH, "start": start})
+            start += batch
+        return grid
+
+    def _sample(self, point) -> ExportSample:
+        texts = validation_texts(point)
+        return ExportSample(feeds=self.encode(texts, point["seq"]), labels=texts, context=point)
+
+    @cache  # noqa: B019
+    def _st(self, max_length: int):
+        return self.sentence_transformer(max_length)
+
+    def _reference(self, sample: ExportSample) -> np.ndarray:
+        """sentence-transformers' own encode on the raw texts: checks tokenization, pooling and normalisation."""
+        model = self._st(sample.context["seq"])
+        return model.encode(sample.labels, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
+
+    @cached_property
+    def EXPORT(self) -> ExportSpec:
+        return ExportSpec(
+            name=self.spec.name,
+            loader=self.load_encoder,
+            inputs={"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}},
+            outputs={OUTPUT: {0: "batch"}},
+            sample_inputs=self._sample,
+            validation_grid=self._grid(),
+            opset=17,
+            metric="cosine",
+            tolerance=0.9999,
+            reference=self._reference,
+        )
+
+    # -- INT8 data and metrics ---------------------------------------------------------------------------
+
+    def calibration_texts(self) -> list[str]:
+        return with_long_texts(data.split("calibration")[:CALIBRATION_TEXTS])
+
+    def calibration_batches(self, texts: Sequence[str] | None = None,
+                            batch_size: int = CALIBRATION_BATCH) -> Iterable[dict]:
+        texts = list(texts or self.calibration_texts())
+        for start in range(0, len(texts), batch_size):
+            yield self.encode(texts[start : start + batch_size])
+
+    def calibration_batch_count(self) -> int:
+        return -(-CALIBRATION_TEXTS // CALIBRATION_BATCH)
+
+    def eval_batches(self, split: str) -> list[dict[str, np.ndarray]]:
+        """Held-out texts of a split, length-sorted into padded batches (rows come back in that order)."""
+        texts = sorted(data.eval_texts(split), key=len)
+        return [self.encode(texts[i : i + EVAL_BATCH]) for i in range(0, len(texts), EVAL_BATCH)]
+
+    def gate_metrics(self, ref: np.ndarray, got: np.ndarray, k: int = 10) -> dict[str, float]:
+        """Cosine per text and top-k neighbour overlap (every text a query over the whole split)."""
+        cos = row_metric("cosine", got, ref)
+        overlap = neighbour_overlap(ref, got, k)
+        return {
+            "cosine_min": float(cos.min()),
+            "cosine_p1": float(np.percentile(cos, 1)),
+            "cosine_mean": float(cos.mean()),
+            f"top{k}_overlap": float(overlap.mean()),
+            f"top{k}_overlap_min": float(overlap.min()),
+            "texts": float(len(cos)),
+        }
+
+    def speed_feeds(self, batch: int) -> dict[str, np.ndarray]:
+        """`batch` mixed-length real texts, padded to the longest as served."""
+        return self.encode(data.split("benchmark")[:batch])
+
+    def embed_onnx(self, sess, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """Embeddings in the input order; texts are length-sorted into batches so padding stays small."""
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.DIM), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            out[idx] = sess.run([OUTPUT], self.encode([texts[i] for i in idx]))[0]
+        return out
+
+    # -- served model repository ------------------------------------------------------------------------
+
+    def repository(self):
+        from tritonkit.generate import text_repository
+
+        return text_repository(self)
+
+
+def neighbour_overlap(ref: np.ndarray, got: np.ndarray, k: int = 10) -> np.ndarray:
+    """Per row: share of its top-k cosine neighbours (itself excluded) that both embeddings agree on."""
+    ref_n = ref / np.linalg.norm(ref, axis=1, keepdims=True)
+    got_n = got / np.linalg.norm(got, axis=1, keepdims=True)
+    sim_ref, sim_got = ref_n @ ref_n.T, got_n @ got_n.T
+    np.fill_diagonal(sim_ref, -np.inf)
+    np.fill_diagonal(sim_got, -np.inf)
+    top_ref = np.argpartition(-sim_ref, k, axis=1)[:, :k]
+    top_got = np.argpartition(-sim_got, k, axis=1)[:, :k]
+    return np.array([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_got)])
