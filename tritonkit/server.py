@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import collections
 import contextlib
+import http.server
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -175,7 +178,7 @@ def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
     """Stub processes in the server's process group, from /proc: instance name → (pid, model name).
 
     A stub's argv is: stub, <repo>/<model>/<version>/<file>, shm region, sizes, parent pid, backend dir, ...,
-    instance name, ...; the model name is read from the path.
+    instance name (`<model>_<group>_<index>`), ...; the model name is read from the path.
     """
     stubs = {}
     for entry in os.listdir("/proc"):
@@ -190,8 +193,9 @@ def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
             continue
         if argv and argv[0].endswith("triton_python_backend_stub") and len(argv) > 8:
             model = Path(argv[1]).parent.parent.name
-            instance = next((a for a in argv[2:] if a.startswith(f"{model}_")), argv[1])
-            stubs[instance] = (int(entry), model)
+            instance = next((a for a in argv[2:] if a.startswith(f"{model}_")), None)
+            if instance is not None:  # None: the short-lived stub a load starts to auto-complete the config
+                stubs[instance] = (int(entry), model)
     return stubs
 
 
@@ -339,6 +343,8 @@ class TritonServer:
             self.stop()
             raise
         self.recoveries: list[dict] = []
+        self.watchdog_counts: collections.Counter = collections.Counter()
+        self._reloads = 0
         if self.recover_crashed_stubs and self.model_control_mode == "explicit":
             # Snapshot the stubs before start() returns, so a stub that dies at once is still seen as a crash.
             known = _stubs_of(self.process.pid)
@@ -350,40 +356,154 @@ class TritonServer:
         """Live Python-backend stubs of this server: instance name → (pid, model name)."""
         return {} if self.process is None else _stubs_of(self.process.pid)
 
-    def load_model(self, model: str, timeout_s: float = 120.0) -> None:
-        """(Re)load a model through the restricted repository API."""
+    def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None:
+        """(Re)load a model through the restricted repository API, optionally with a config override."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
         request = urllib.request.Request(
-            f"http://{self.http_url}/v2/repository/models/{model}/load", data=b"{}", method="POST",
-            headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
+            f"http://{self.http_url}/v2/repository/models/{model}/load", data=json.dumps(body).encode(),
+            method="POST", headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             response.read()
 
+    def _reload_crashed(self, model: str) -> None:
+        """Restart a READY model's instances. A plain load of a READY model whose files did not change is only a
+        config update in Triton 2.51 (no instance restarts, the dead stub stays dead), so the served config is
+        loaded back with a changed `tritonkit_reload` parameter, which forces a full reload."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as r:
+                config = json.load(r)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            config = None  # not READY (e.g. a failed reload): a plain load is a full load
+        if config is not None:
+            self._reloads += 1
+            config.setdefault("parameters", {})["tritonkit_reload"] = {"string_value": str(self._reloads)}
+        self.load_model(model, config=config)
+
+    def model_states(self) -> dict[str, tuple[str, str]]:
+        """Model name → (state, reason) from the restricted repository index (a READY version wins)."""
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+            headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            index = json.load(response)
+        states: dict[str, tuple[str, str]] = {}
+        for entry in index:
+            state = (entry.get("state", ""), entry.get("reason", ""))
+            if entry["name"] not in states or state[0] == "READY":
+                states[entry["name"]] = state
+        return states
+
+    def _report(self, model: str, action: str, detail: str = "") -> None:
+        """One watchdog action: to stdout, to the server's log, and to the watchdog counters."""
+        self.watchdog_counts[(model, action)] += 1
+        line = f"watchdog: model '{model}': {action}{': ' + detail if detail else ''}"
+        print(line, flush=True)
+        with contextlib.suppress(Exception):  # the log is closed while stopping
+            self._log.write(f"{time.strftime('%H:%M:%S')} {line}\n".encode())
+            self._log.flush()
+
     def _watch_stubs(self, process: subprocess.Popen, known: dict[str, tuple[int, str]]) -> None:
+        """Reload a model whose stub crashed; leave alone what operators do through the repository API.
+
+        A stub that is gone while the index still says its model is READY crashed (confirmed on a second look,
+        half a second later). A stub gone with its model UNLOADING/UNAVAILABLE/LOADING was unloaded or is being
+        reloaded through the API: the model is dropped from watch and picked up again when its new stubs appear.
+        A failed reload is retried with exponential backoff (1 s doubling to 60 s) until it loads or an operator
+        unloads or reloads the model. Readiness is not consulted: one unavailable model makes the whole server
+        not ready (strict readiness), and other models' crashes must still be handled then.
+        """
+        suspects: set[str] = set()  # instances missing at the last look
+        retry: dict[str, tuple[int, float]] = {}  # model → (failed reloads, when to try again)
         while self.process is process and process.poll() is None:
             time.sleep(0.5)
             if self.process is not process:
                 return
             live = _stubs_of(process.pid)
-            dead = {known[i][1] for i in known if i not in live or live[i][0] != known[i][0]}
-            if dead and not self.is_ready():
-                # Draining after SIGTERM (stubs leave with the server), or too busy to answer: look again next tick,
-                # keeping the dead stubs in `known` so a crash is never forgotten.
+            for instance, (pid, model) in live.items():
+                if known.get(instance, (None,))[0] != pid:
+                    known[instance] = (pid, model)  # new stubs: a load through the API (ours or an operator's)
+            missing = {i for i in known if i not in live}
+            if not missing and not retry:
+                suspects.clear()
                 continue
-            for model in sorted(dead):
+            try:
+                states = self.model_states()
+            except Exception:  # too busy to answer or going down: look again next tick, forgetting nothing
+                continue
+            crashed: set[str] = set()
+            for instance in sorted(missing):
+                model = known[instance][1]
+                state, reason = states.get(model, ("", ""))
+                if state == "READY" and model not in retry:
+                    if instance in suspects:
+                        crashed.add(model)
+                    continue
+                del known[instance]  # unloaded or being (re)loaded through the API: not ours to undo
+                if model not in retry:
+                    self._report(model, "left_to_operator", f"stub gone while the model is {state or 'absent'}"
+                                 + (f" ({reason})" if reason else ""))
+            suspects = missing & set(known)
+            for model in sorted(crashed):
+                for instance in [i for i, (_, m) in known.items() if m == model]:
+                    del known[instance]
+                self._report(model, "crash_detected", "stub process gone while the model is READY")
+                retry[model] = (0, 0.0)
+            for model, (failures, due) in sorted(retry.items()):
+                state, reason = states.get(model, ("", ""))
+                if failures and ((state == "READY" and any(m == model for _, m in live.values()))
+                                 or (state == "UNAVAILABLE" and reason == "unloaded")):
+                    del retry[model]  # an operator reloaded or unloaded it meanwhile
+                    self._report(model, "left_to_operator", f"model is {state} after an operator's action")
+                    continue
+                if time.monotonic() < due:
+                    continue
                 started = time.monotonic()
                 try:
-                    self.load_model(model)
-                    outcome = "reloaded"
+                    self._reload_crashed(model)
                 except Exception as err:  # the watchdog must outlive any one failed reload
                     if self.process is not process:
                         return  # shutting down: stubs exit with the server
-                    outcome = f"reload failed: {err}"
-                self.recoveries.append(
-                    {"model": model, "outcome": outcome, "seconds": round(time.monotonic() - started, 2)}
-                )
-                print(f"stub of '{model}' died; {outcome} in {self.recoveries[-1]['seconds']}s", flush=True)
-            known = _stubs_of(process.pid)
+                    delay = min(60.0, 2.0**failures)
+                    retry[model] = (failures + 1, time.monotonic() + delay)
+                    self._report(model, "reload_failed", f"attempt {failures + 1}: {err}; next try in {delay:.0f}s")
+                    self.recoveries.append({"model": model, "outcome": f"reload failed: {err}",
+                                            "seconds": round(time.monotonic() - started, 2)})
+                    continue
+                del retry[model]
+                seconds = round(time.monotonic() - started, 2)
+                self.recoveries.append({"model": model, "outcome": "reloaded", "seconds": seconds})
+                self._report(model, "reloaded", f"in {seconds}s after {failures} failed attempt(s)")
+
+    def watchdog_metrics(self) -> str:
+        """The watchdog's counters in Prometheus text format (served by serve_watchdog_metrics)."""
+        lines = ["# HELP tritonkit_watchdog_actions_total Stub watchdog actions by model: crash_detected, reloaded, "
+                 "reload_failed, left_to_operator", "# TYPE tritonkit_watchdog_actions_total counter"]
+        for (model, action), count in sorted(self.watchdog_counts.items()):
+            lines.append(f'tritonkit_watchdog_actions_total{{model="{model}",action="{action}"}} {count}')
+        return "\n".join(lines) + "\n"
+
+    def serve_watchdog_metrics(self, port: int, host: str | None = None) -> int:
+        """Serve `watchdog_metrics()` at http://host:port/metrics from a daemon thread; returns the port."""
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = server.watchdog_metrics().encode()
+                self.send_response(200 if self.path == "/metrics" else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # scrapes would flood stdout
+                pass
+
+        httpd = http.server.ThreadingHTTPServer((host or self.host, port), Handler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self._metrics_httpd = httpd
+        return httpd.server_address[1]
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -425,6 +545,10 @@ class TritonServer:
         # Stubs normally exit with the server; a crashed server can leave them, so clear the group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if getattr(self, "_metrics_httpd", None):
+            self._metrics_httpd.shutdown()
+            self._metrics_httpd.server_close()
+            self._metrics_httpd = None
         if getattr(self, "_log", None):
             self._log.close()
         # A log we chose is kept only when the server did not exit cleanly (it is what explains the failure).
@@ -474,6 +598,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ready  HTTP    http://{server.http_url}")
         print(f"       gRPC    {server.grpc_url}")
         print(f"       metrics {server.metrics_url}")
+        if args.watchdog_metrics_port and getattr(server, "_watchdog", None):
+            try:
+                port = server.serve_watchdog_metrics(args.watchdog_metrics_port)
+                print(f"       watchdog metrics http://{server.host}:{port}/metrics")
+            except OSError as err:  # a taken port must not cost the server; the log still has every action
+                print(f"warning: watchdog metrics not served on port {args.watchdog_metrics_port}: {err}",
+                      file=sys.stderr)
         key_file = write_secret(Path(args.key_file), server.control_key + "\n")
         print(f"model-repository/trace/logging APIs need header '{CONTROL_HEADER}' (key in {key_file})")
         print("Ctrl-C to stop.", flush=True)
@@ -507,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                         "else a random key per start)")
     p.add_argument("--key-file", default=str(paths.BUILD_DIR / "control-key"),
                    help="where the key in use is written (mode 0600) for local tools")
+    p.add_argument("--watchdog-metrics-port", type=int, default=int(os.environ.get("WATCHDOG_METRICS_PORT", 8003)),
+                   help="port for the stub watchdog's Prometheus counters (0: off)")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--profile", default=os.environ.get("TRITONKIT_PROFILE", ""),
                    help="config profile: models with configs/<profile>.pbtxt use it (see `make tune`)")
