@@ -50,6 +50,10 @@ manifests: ## re-render deploy/k8s/*.yaml and the Grafana dashboard from tritonk
 
 check-configs: ## validate every config.pbtxt against Triton's ModelConfig schema, ensembles end to end
 	@$(PY) -m tritonkit.config
+check-native: ## generate the NGC views (build/ngc_repository, build/ngc_cpu_repository) + check Triton's native load rules
+	@$(PY) -m tritonkit.native_check model_repository --view embedded && $(PY) -m tritonkit.repo_variants ngc && $(PY) -m tritonkit.repo_variants ngc --cpu
+build-engines-docker: ## TensorRT plans built inside the NGC image that serves them (TRITONKIT_NGC_RELEASE; needs Docker + GPU)
+	@scripts/build-engines-docker
 
 lint: ## ruff over the whole project
 	@$(PY) -m ruff check .

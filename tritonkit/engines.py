@@ -327,7 +327,10 @@ def fp16_cast(src: Path, dst: Path) -> Path:
     # The converter names its I/O casts after the consuming nodes: unnamed nodes would give duplicate casts.
     for i, node in enumerate(model.graph.node):
         node.name = node.name or f"{node.op_type}_{i}"
-    model = float16.convert_float_to_float16(model, keep_io_types=True)
+    # Cast nodes stay FP32 (casts inserted around them): the converter retypes a Cast's output without its `to`,
+    # which ONNX Runtime then refuses to load (seen on the text encoder's mask Cast).
+    model = float16.convert_float_to_float16(model, keep_io_types=True,
+                                             op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, "Cast"])
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     return dst
@@ -516,19 +519,16 @@ def extreme_feeds(feeds: Sequence[Mapping[str, np.ndarray]], profiles: Sequence[
 
 def derive_tolerances(reference_onnx: Path, low_precision_onnx: Path, feeds: Sequence[Mapping[str, np.ndarray]],
                       outputs: Sequence[str], factor: float = TOLERANCE_FACTOR) -> dict[str, tuple[float, float]]:
-    """(atol, rtol) per output: `factor` times the largest error of ONNX Runtime's low-precision form against its
-    FP32 form on the same inputs (floored at TOLERANCE_FLOOR)."""
+    """(atol, 0) per output: `factor` times the largest absolute error of ONNX Runtime's low-precision form against
+    its FP32 form on the same inputs (floored at TOLERANCE_FLOOR). No relative bound: near-zero outputs make the
+    relative error unbounded (10^4 on the INT8 text encoder), and a check passes on either bound."""
     reference, low = run_polygraphy([ort_runner(reference_onnx, "fp32"), ort_runner(low_precision_onnx, "low")],
                                     feeds)
     out = {}
     for name in outputs:
-        abs_err = rel_err = 0.0
-        for ref, got in zip(reference, low):
-            a, b = np.asarray(ref[name], np.float64), np.asarray(got[name], np.float64)
-            diff = np.abs(a - b)
-            abs_err = max(abs_err, float(diff.max()))
-            rel_err = max(rel_err, float((diff / np.maximum(np.abs(a), 1e-6)).max()))
-        out[name] = (max(factor * abs_err, TOLERANCE_FLOOR), max(factor * rel_err, TOLERANCE_FLOOR))
+        err = max(float(np.abs(np.asarray(r[name], np.float64) - np.asarray(g[name], np.float64)).max())
+                  for r, g in zip(reference, low))
+        out[name] = (max(factor * err, TOLERANCE_FLOOR), 0.0)
     return out
 
 
@@ -697,9 +697,24 @@ def main(argv: list[str] | None = None) -> int:
                         "those with no GPU here are reported skipped")
     parser.add_argument("--repository", type=Path, default=paths.MODEL_REPOSITORY)
     parser.add_argument("--device-job", action="store_true", help=argparse.SUPPRESS)  # one plan, one visible GPU
+    parser.add_argument("--tolerances", action="store_true",
+                        help="print the validation feeds' shapes and the derived tolerances, build nothing (no GPU)")
     args = parser.parse_args(argv)
     env = detect()
     target = target_server()
+    if args.tolerances:
+        for name in args.targets:
+            spec = models.get(name)
+            for precision in args.precision or PRECISIONS:
+                source = spec.INT8_MODEL if precision == "int8" else spec.FP32_MODEL
+                model_dir = args.repository / source
+                _, profiles, feeds, tolerances, _, low = _plan_inputs(spec, model_dir,
+                                                                       trt_source_onnx(model_dir, source), precision)
+                shapes = sorted({tuple(next(iter(f.values())).shape) for f in feeds})
+                print(f"{name} {precision}: ORT form {low.name}; {len(feeds)} feeds, shapes {shapes[0]}..{shapes[-1]}; "
+                      f"profiles {[(p.name, next(iter(p.shapes.values()))[2]) for p in profiles]}; "
+                      f"(atol, rtol) = {{{', '.join(f'{k}: ({a:.3g}, {r:.3g})' for k, (a, r) in tolerances.items())}}}")
+        return 0
     if args.device_job:
         for target_name in args.targets:
             spec = models.get(target_name)
