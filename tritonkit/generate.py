@@ -67,8 +67,8 @@ def _ensemble(kind, name: str, inputs: list[Tensor], outputs: list[Tensor], step
 
 def text_repository(kind) -> list[Entry]:
     spec, s, f = kind.spec, kind.spec.serving, kind.spec.facts
-    tokenizer_params = {"tokenizer_file": spec.source.ref("tokenizer.json"), "max_length": str(f.max_length),
-                        "max_chars": str(MAX_CHARS)}
+    tokenizer_params = {"tokenizer_file": spec.source.ref("tokenizer.json", kind.PREPROCESSOR),
+                        "max_length": str(f.max_length), "max_chars": str(MAX_CHARS)}
     token_outputs = [Tensor("input_ids", "INT64", [-1]), Tensor("attention_mask", "INT64", [-1])]
     extras = [Tensor("num_tokens", "INT32", [1]), Tensor("truncated", "BOOL", [1])]
     text_in = [Tensor("text", "STRING", [1])]

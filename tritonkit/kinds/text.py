@@ -222,6 +222,17 @@ class TextEmbedding(Kind):
 
     # -- served model repository ------------------------------------------------------------------------
 
+    def write_assets(self, model_repository: Path) -> list[Path]:
+        """The tokenizer file beside the preprocessor's config, unless the config names an installed package."""
+        import shutil
+
+        if self.spec.source.package and not self.spec.source.zip_parts:
+            return []
+        out = Path(model_repository) / self.PREPROCESSOR / "tokenizer.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.tokenizer_file(), out)
+        return [out]
+
     def repository(self):
         from tritonkit.generate import text_repository
 

@@ -1,0 +1,2 @@
+# Generated from models/efficientnet_lite1.toml by `python -m tritonkit.generate`; do not edit.
+from tritonkit.serving.image_preprocess import TritonPythonModel  # noqa: F401
