@@ -7,7 +7,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo serve build build-engines serve-docker gateway manifests perf tune lint test check-configs clean
+.PHONY: help setup lock demo serve build int8-search add-model build-engines serve-docker gateway manifests perf tune lint test check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -25,8 +25,16 @@ serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METR
 	@scripts/serve --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(PROFILE),--profile $(PROFILE))
 
-build: ## export ONNX + calibrate INT8 Q/DQ for both pipelines (skips what is up to date), with accuracy reports
-	@$(PY) -m tritonkit.build all
+build: ## every spec (or MODEL=name): export ONNX, INT8 from its committed recipe (searched if none), reports, configs
+	@$(PY) -m tritonkit.build $(or $(MODEL),all)
+
+int8-search: ## re-run the accuracy-aware INT8 search for MODEL=name (rewrites models/<name>.int8.json; commit it)
+	@test -n "$(MODEL)" || { echo "usage: make int8-search MODEL=<name>" >&2; exit 2; }
+	@$(PY) -m tritonkit.build $(MODEL) --search
+
+add-model: ## write a spec: KIND=text-embedding NAME=x SOURCE=dir (see python -m tritonkit.add --help)
+	@test -n "$(KIND)" -a -n "$(NAME)" -a -n "$(SOURCE)" || { echo "usage: make add-model KIND=text-embedding NAME=<name> SOURCE=<dir>" >&2; exit 2; }
+	@$(PY) -m tritonkit.add $(KIND) --name $(NAME) --source $(SOURCE)
 
 build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs where TensorRT and a GPU exist
 	@$(PY) -m tritonkit.engines
@@ -48,8 +56,8 @@ gateway: ## OpenAI-compatible POST /v1/embeddings on 127.0.0.1:8080 in front of 
 manifests: ## re-render deploy/k8s/*.yaml and the Grafana dashboard from tritonkit/deploy.py
 	@$(PY) -m tritonkit.deploy
 
-check-configs: ## validate every config.pbtxt against Triton's ModelConfig schema, ensembles end to end
-	@$(PY) -m tritonkit.config
+check-configs: ## generated configs match their specs; every config.pbtxt valid against Triton's schema, ensembles too
+	@$(PY) -m tritonkit.generate --check && $(PY) -m tritonkit.config
 check-native: ## generate the NGC views (build/ngc_repository, build/ngc_cpu_repository) + check Triton's native load rules
 	@$(PY) -m tritonkit.native_check model_repository --view embedded && $(PY) -m tritonkit.repo_variants ngc && $(PY) -m tritonkit.repo_variants ngc --cpu
 build-engines-docker: ## TensorRT plans built inside the NGC image that serves them (TRITONKIT_NGC_RELEASE; needs Docker + GPU)

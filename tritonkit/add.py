@@ -47,7 +47,7 @@ def _source_table(source: str) -> dict:
             rel = path.relative_to(site)
             return {"package": rel.parts[0], "subdir": Path(*rel.parts[1:]).as_posix()}
     if paths.ROOT in path.parents:
-        return {"dir": path.relative_to(paths.ROOT).as_posix()}
+        return {"dir": paths.rel(path)}
     return {"dir": str(path)}
 
 
@@ -88,7 +88,7 @@ def add(table: dict, force: bool = False, directory: Path = specs.SPECS_DIR) -> 
     kinds.from_spec(spec)  # the kind's own checks (e.g. gates)
     path = Path(directory) / f"{spec.name}.toml"
     if path.exists() and not force:
-        raise AddError(f"{path.relative_to(paths.ROOT)} exists (use --force to replace it)")
+        raise AddError(f"{paths.rel(path)} exists (use --force to replace it)")
     owned = {m for n in kinds.names(directory) if n != spec.name for m in _models_of(kinds.get(n, directory))}
     clash = sorted({spec.name, f"{spec.name}_fp32", spec.preprocessor, spec.int8_model, spec.fp32_model} & owned)
     if clash:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AddError, specs.SpecError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {path.relative_to(paths.ROOT)}; next: make build MODEL={args.name} && make serve")
+    print(f"wrote {paths.rel(path)}; next: make build MODEL={args.name} && make serve")
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tritonkit import envinfo, int8, kinds, models, paths
 
-REPORTS = paths.ROOT / "build" / "reports"
+REPORTS = paths.REPORTS
 
 
 @dataclass
@@ -90,9 +90,9 @@ def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, 
     path = artefact(spec.FP32_MODEL)
     fingerprint = _fingerprint(spec, "fp32")
     if not force and up_to_date(path, spec.NAME, "fp32", fingerprint):
-        _log(f"{spec.NAME}: FP32 {path.relative_to(paths.ROOT)} up to date")
+        _log(f"{spec.NAME}: FP32 {paths.rel(path)} up to date")
         return path, False
-    _log(f"{spec.NAME}: exporting {spec.EXPORT.name} → {path.relative_to(paths.ROOT)}")
+    _log(f"{spec.NAME}: exporting {spec.EXPORT.name} → {paths.rel(path)}")
     t0 = time.perf_counter()
     module = spec.EXPORT.loader()
     tmp = path.with_name("model.export.onnx")
@@ -115,7 +115,7 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
     data = int8.load_recipes(spec)
     if run_search or data is None:
         if data is None:
-            _log(f"{spec.NAME}: no committed recipe ({int8.recipe_path(spec).relative_to(paths.ROOT)}): searching")
+            _log(f"{spec.NAME}: no committed recipe ({paths.rel(int8.recipe_path(spec))}): searching")
         data = int8.search(spec, fp32, progress=progress)
         force = True
     outcomes = []
@@ -126,11 +126,11 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
         report = int8.report_path(spec, form)
         if not force and up_to_date(out, spec.NAME, stage, fingerprint) and report.exists():
             status = json.loads(report.read_text()).get("status", "failed")
-            _log(f"{spec.NAME}: {form} INT8 {out.relative_to(paths.ROOT)} up to date ({status})")
+            _log(f"{spec.NAME}: {form} INT8 {paths.rel(out)} up to date ({status})")
             outcomes.append(int8.Outcome(form, out, status, []))
             continue
-        _log(f"{spec.NAME}: {form} INT8 from {int8.recipe_path(spec).relative_to(paths.ROOT)} → "
-             f"{out.relative_to(paths.ROOT)}")
+        _log(f"{spec.NAME}: {form} INT8 from {paths.rel(int8.recipe_path(spec))} → "
+             f"{paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
         outcome = int8.replay(spec, fp32, form, data, out, progress=progress)
         outcomes.append(outcome)
@@ -143,15 +143,22 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
           progress: bool = True) -> BuildResult:
+    from tritonkit import generate
+
     spec = models.get(name)
+    # The model's configs first: a build can then be served even when the INT8 step below stops it.
+    for path in generate.write([spec]):
+        _log(f"{spec.NAME}: generated {paths.rel(path)}")
     fp32, built_fp32 = build_fp32(spec, force=force, progress=progress)
     built = ["fp32"] if built_fp32 else []
     # Small non-ONNX build outputs a spec may have (e.g. a classifier's labels file); cheap, always rewritten.
     for asset in getattr(spec, "write_assets", lambda _repo: [])(paths.MODEL_REPOSITORY):
-        _log(f"{spec.NAME}: wrote {Path(asset).relative_to(paths.ROOT)}")
+        _log(f"{spec.NAME}: wrote {paths.rel(Path(asset))}")
     if skip_int8:
         return BuildResult(name, fp32, None, built)
     outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search)
+    for path in generate.write([spec]):  # a fallback to FP32 shows in the INT8 model's config
+        _log(f"{spec.NAME}: generated {paths.rel(path)}")
     served, trt = outcomes
     return BuildResult(name, fp32, served.path, built, served.status, trt.path, outcomes)
 

@@ -174,7 +174,7 @@ def write(kinds: list | None = None) -> list[Path]:
 
 def stale(kinds: list | None = None) -> list[str]:
     """Generated files that are missing or differ from what the specs give."""
-    return [str(p.relative_to(paths.ROOT)) for p, text in files(kinds).items()
+    return [paths.rel(p) for p, text in files(kinds).items()
             if not p.exists() or p.read_text() != text]
 
 
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stale: {path} (run `python -m tritonkit.generate`)", file=sys.stderr)
         return 1 if bad else 0
     for path in write():
-        print(f"wrote {path.relative_to(paths.ROOT)}")
+        print(f"wrote {paths.rel(path)}")
     print(f"{len(files())} generated files up to date")
     return 0
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from tritonkit import envinfo, paths
 from tritonkit.search import Evaluator, Recipe, Search, missed, speedup
 
-RECIPES = paths.ROOT / "models"
-REPORTS = paths.ROOT / "build" / "reports"
+RECIPES = paths.SPECS
+REPORTS = paths.REPORTS
 FORMS = {"served": ("int8", "uint8"), "tensorrt": ("int8",)}
 FALLBACK = "fp32-fallback"
 
@@ -76,7 +76,7 @@ def search(spec, fp32: Path, progress: bool = True) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     write_json(REPORTS / f"{spec.NAME}_int8_search.json", {**out, "search": full})
-    _log(f"{spec.NAME}: recipe -> {path.relative_to(paths.ROOT)} (commit it); search log -> "
+    _log(f"{spec.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
          f"build/reports/{spec.NAME}_int8_search.json")
     return out
 
@@ -102,7 +102,7 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
 
     entry = data[form]
     report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "recipe_file": str(recipe_path(spec).relative_to(paths.ROOT)), "env": envinfo.fingerprint(),
+                    "recipe_file": paths.rel(recipe_path(spec)), "env": envinfo.fingerprint(),
                     "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
     targets = list(spec.TARGETS) + ([spec.SPEED_TARGET] if form == "served" else [])
     report["gates"] = [{**asdict(t)} for t in targets]
@@ -110,7 +110,7 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
         shutil.copyfile(fp32, out)
         report.update(status=FALLBACK, passed=False, served="fp32", reason=entry.get("reason", ""))
         _write_report(spec, form, report)
-        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({entry.get('reason')}); {out.relative_to(paths.ROOT)} "
+        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({entry.get('reason')}); {paths.rel(out)} "
               f"is the FP32 model, served under the INT8 model's name")
         return Outcome(form, out, FALLBACK, [])
     recipe = Recipe.from_json(entry["recipe"])
@@ -162,7 +162,7 @@ def served_problems(spec) -> list[str]:
     path = report_path(spec)
     fix = f"run `make build` (replays models/{spec.NAME}.int8.json) or `{search_command(spec)}`"
     if not path.exists():
-        return [f"{spec.NAME}: no INT8 report ({path.relative_to(paths.ROOT)}); {fix}"]
+        return [f"{spec.NAME}: no INT8 report ({paths.rel(path)}); {fix}"]
     report = json.loads(path.read_text())
     if report.get("status") == FALLBACK:
         return []
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("docs", help="regenerate docs/int8.md and README's INT8 table from build/reports/")
     args = parser.parse_args(argv)
     if args.cmd == "docs":
-        print(f"wrote {docs().relative_to(paths.ROOT)}")
+        print(f"wrote {paths.rel(docs())}")
         return 0
     problems = check_all(args.models or None)
     for problem in problems:

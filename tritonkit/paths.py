@@ -7,14 +7,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_REPOSITORY = ROOT / "model_repository"
+# The overrides let a second tree of specs, configs and build outputs live elsewhere (tests, experiments).
+MODEL_REPOSITORY = Path(os.environ.get("TRITONKIT_MODEL_REPOSITORY", ROOT / "model_repository"))
+SPECS = Path(os.environ.get("TRITONKIT_SPECS", ROOT / "models"))
+BUILD_OUTPUTS = Path(os.environ.get("TRITONKIT_BUILD_OUTPUTS", ROOT / "build"))
 BUILD_DIR = ROOT / ".build"
 # Server backend directory assembled by `make setup`: the Python backend from the wheel plus our Python-based ones.
 BACKEND_DIR = Path(os.environ.get("TRITONKIT_BACKEND_DIR", BUILD_DIR / "backends"))
 PROJECT_BACKENDS = ROOT / "backends"
-ARTIFACTS = ROOT / "build" / "artifacts"
+ARTIFACTS = BUILD_OUTPUTS / "artifacts"
+REPORTS = BUILD_OUTPUTS / "reports"
 
 
 def venv_bin() -> Path:
     """The bin/ of the interpreter running us; the Python stub must find the same packages."""
     return Path(sys.executable).parent
+
+
+def rel(path: Path) -> str:
+    """A path for messages: relative to the checkout when inside it."""
+    path = Path(path)
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)

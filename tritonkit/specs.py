@@ -16,7 +16,7 @@ from typing import Any
 
 from tritonkit import paths
 
-SPECS_DIR = paths.ROOT / "models"
+SPECS_DIR = paths.SPECS
 KINDS = ("text-embedding", "image-classification")
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -179,7 +179,7 @@ class Spec:
 
     @property
     def label(self) -> str:
-        return str(self.file.relative_to(paths.ROOT)) if self.file and paths.ROOT in self.file.parents else self.name
+        return paths.rel(self.file) if self.file else self.name
 
 
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list[float]": list, "list[str]": list,
