@@ -63,8 +63,11 @@ _POOLING_FLAGS = {
     "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
 }
-_SUPPORTED_MODULES = ("sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
-                      "sentence_transformers.models.Normalize")
+# sentence-transformers >= 6 writes one string instead of the flags
+_POOLING_NAMES = {"mean": "mean", "cls": "cls", "max": "max", "mean_sqrt_len_tokens": "mean_sqrt_len",
+                  "mean_sqrt_len": "mean_sqrt_len"}
+# Module classes by name: the import path in modules.json moved between sentence-transformers releases.
+_SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
 def _read_json(path: Path, what: str) -> dict | list:
@@ -79,19 +82,23 @@ def inspect_directory(directory: Path) -> dict:
     if not directory.is_dir():
         raise SourceError(f"{directory}: not a directory")
     modules = _read_json(directory / "modules.json", "sentence-transformers module list")
-    types = [m.get("type", "") for m in modules]
-    unsupported = [t for t in types if t not in _SUPPORTED_MODULES]
+    types = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    unsupported = [m.get("type") for m, t in zip(modules, types) if t not in _SUPPORTED_MODULES]
     if unsupported:
         raise SourceError(f"{directory}: module {unsupported[0]} in modules.json is not supported (supported: "
-                          f"{', '.join(t.rsplit('.', 1)[1] for t in _SUPPORTED_MODULES)})")
-    if not types or types[0] != _SUPPORTED_MODULES[0]:
+                          f"{', '.join(_SUPPORTED_MODULES)})")
+    if not types or types[0] != "Transformer":
         raise SourceError(f"{directory}: modules.json must start with a Transformer module")
-    pooling_dirs = [m.get("path", "") for m in modules if m.get("type") == _SUPPORTED_MODULES[1]]
+    pooling_dirs = [m.get("path", "") for m, t in zip(modules, types) if t == "Pooling"]
     if len(pooling_dirs) != 1:
         raise SourceError(f"{directory}: modules.json needs exactly one Pooling module (found {len(pooling_dirs)})")
     pooling_cfg = _read_json(directory / pooling_dirs[0] / "config.json", "pooling config")
-    modes = [name for flag, name in _POOLING_FLAGS.items() if pooling_cfg.get(flag)]
-    other = [k for k, v in pooling_cfg.items() if k.startswith("pooling_mode") and v and k not in _POOLING_FLAGS]
+    if isinstance(pooling_cfg.get("pooling_mode"), str):
+        mode = pooling_cfg["pooling_mode"]
+        modes, other = ([_POOLING_NAMES[mode]], []) if mode in _POOLING_NAMES else ([], [mode])
+    else:
+        modes = [name for flag, name in _POOLING_FLAGS.items() if pooling_cfg.get(flag)]
+        other = [k for k, v in pooling_cfg.items() if k.startswith("pooling_mode") and v and k not in _POOLING_FLAGS]
     if other or len(modes) != 1:
         raise SourceError(f"{directory}: pooling {other or modes or 'none'} is not supported (exactly one of "
                           f"{', '.join(POOLINGS)})")
@@ -110,9 +117,10 @@ def inspect_directory(directory: Path) -> dict:
     return {
         "architecture": arch.name,
         "max_length": max_length,
-        "dim": int(pooling_cfg.get("word_embedding_dimension") or config["hidden_size"]),
+        "dim": int(pooling_cfg.get("word_embedding_dimension") or pooling_cfg.get("embedding_dimension")
+                   or config["hidden_size"]),
         "pooling": modes[0],
-        "normalize": _SUPPORTED_MODULES[2] in types,
+        "normalize": "Normalize" in types,
         "pad_id": _pad_id(directory, tok),
     }
 
