@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from functools import cache
 
@@ -11,18 +10,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tritonkit import build, paths
 
 TEXT_MODELS = ["text_embedding", "text_embedding_fp32"]
-INT8_REPORT = build.REPORTS / "text_int8.json"
 
 
 @cache
 def ensure_text_built() -> build.BuildResult:
     """Build (export + validate, INT8 + report) unless up to date; minutes on a fresh 2-core machine."""
     return build.build("text", progress=False)
-
-
-def int8_report() -> dict:
-    ensure_text_built()
-    return json.loads(INT8_REPORT.read_text())
 
 
 def start_text_server(start_server):

@@ -34,9 +34,37 @@ class Architecture:
             kwargs["token_type_ids"] = torch.zeros_like(input_ids)
         return transformer(**kwargs).last_hidden_state
 
+    def prepare(self, transformer) -> None:
+        """Make the loaded transformer export to plain ONNX; nothing to do for most families."""
+
+
+def _mpnet_bucket(relative_position, num_buckets=32, max_distance=128):
+    """MPNet's relative-position bucket with log() taken only where it is used: the original also takes
+    log(0) = -inf for near positions and casts it to int64, which ONNX Runtime turns into a huge negative index."""
+    import math
+
+    import torch
+
+    num_buckets //= 2
+    n = -relative_position
+    ret = (n < 0).to(torch.long) * num_buckets
+    n = torch.abs(n)
+    max_exact = num_buckets // 2
+    large = n.clamp(min=max_exact).float()
+    val_if_large = max_exact + (torch.log(large / max_exact) / math.log(max_distance / max_exact)
+                                * (num_buckets - max_exact)).to(torch.long)
+    val_if_large = torch.clamp(val_if_large, max=num_buckets - 1)
+    return ret + torch.where(n < max_exact, n, val_if_large)
+
+
+@dataclass(frozen=True)
+class MPNetArchitecture(Architecture):
+    def prepare(self, transformer) -> None:
+        transformer.encoder.relative_position_bucket = _mpnet_bucket
+
 
 BERT = Architecture("bert", ("bert",), token_type_ids=True)
-MPNET = Architecture("mpnet", ("mpnet",))
+MPNET = MPNetArchitecture("mpnet", ("mpnet",))
 ROBERTA = Architecture("roberta", ("roberta", "xlm-roberta"))
 DISTILBERT = Architecture("distilbert", ("distilbert",))
 ARCHITECTURES = {a.name: a for a in (BERT, MPNET, ROBERTA, DISTILBERT)}
@@ -142,6 +170,7 @@ def pooled_encoder(directory: Path, arch: Architecture, pooling: str, normalize:
     from transformers import AutoModel
 
     transformer = AutoModel.from_pretrained(str(directory), attn_implementation="eager")
+    arch.prepare(transformer)
 
     class PooledEncoder(torch.nn.Module):
         def __init__(self):
