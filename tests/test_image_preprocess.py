@@ -83,10 +83,11 @@ def test_labels_and_splits():
     names = spec.labels()
     assert len(names) == 1000 and names[285] == "Egyptian cat" and names[967] == "espresso"
     assert names[281].startswith("tabby")
-    cal = {e.name.split("/")[0] for e in spec.examples("calibration")}
-    ev = {e.name.split("/")[0] for e in spec.examples("evaluation")}
-    assert cal and ev and not cal & ev and {"chelsea", "coffee"} <= ev
-    assert len(spec.examples("evaluation")) == len(ev) * len(spec.VIEWS)
+    photos = {split: {e.name.rsplit("/", 1)[0] for e in spec.examples(split)}
+              for split in ("calibration", "validation", "test")}
+    assert all(photos.values())
+    assert not photos["calibration"] & photos["validation"] and not photos["validation"] & photos["test"]
+    assert not photos["calibration"] & photos["test"]
     assert spec.calibration_batch_count() * spec.CALIBRATION_BATCH <= len(spec.examples("calibration"))
 
 

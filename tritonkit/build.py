@@ -110,9 +110,13 @@ def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, 
 
 
 def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
-               run_search: bool = False) -> list[int8.Outcome]:
-    """Both INT8 forms from the committed recipe (searched first if there is none, or with run_search)."""
+               run_search: bool = False, search_if_missing: bool = False) -> list[int8.Outcome]:
+    """Both INT8 forms from the committed recipe (searched first with run_search, or if there is none and
+    search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
     data = int8.load_recipes(spec)
+    if data is None and not (run_search or search_if_missing):
+        raise int8.GateError(f"{spec.NAME}: no committed INT8 recipe ({paths.rel(int8.recipe_path(spec))}); run "
+                             f"`{int8.search_command(spec)}` (minutes) and commit the file it writes")
     if run_search or data is None:
         if data is None:
             _log(f"{spec.NAME}: no committed recipe ({paths.rel(int8.recipe_path(spec))}): searching")
@@ -142,7 +146,7 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
 
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
-          progress: bool = True) -> BuildResult:
+          progress: bool = True, search_if_missing: bool = False) -> BuildResult:
     from tritonkit import generate
 
     spec = models.get(name)
@@ -156,7 +160,8 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
         _log(f"{spec.NAME}: wrote {paths.rel(Path(asset))}")
     if skip_int8:
         return BuildResult(name, fp32, None, built)
-    outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search)
+    outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
+                          search_if_missing=search_if_missing)
     for path in generate.write([spec]):  # a fallback to FP32 shows in the INT8 model's config
         _log(f"{spec.NAME}: generated {paths.rel(path)}")
     served, trt = outcomes
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, search_if_missing=True)
         for outcome in result.outcomes:
             if outcome.status == "failed":
                 status = 1

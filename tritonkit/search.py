@@ -184,9 +184,11 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
 class Evaluator:
     """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""
 
-    def __init__(self, spec: SearchSpec, fp32: Path, split: str):
+    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1):
         self.spec, self.split = spec, split
-        self.batches = spec.eval_batches(split)
+        batches = spec.eval_batches(split)
+        # Every stride-th batch: a cheaper sample for ranking many candidates (gates always use the whole split).
+        self.batches = batches if stride == 1 else [batches[i] for i in range(0, len(batches), stride)]
         self.ref = run_batches(session(fp32), self.batches)
 
     def metrics(self, model) -> dict[str, float]:
@@ -253,11 +255,12 @@ class Track:
 
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
-                 max_units: int = 40, max_tracks: int = 2, progress: bool = True, log: Callable = print):
+                 max_units: int = 40, max_tracks: int = 2, sample_stride: int = 3, progress: bool = True,
+                 log: Callable = print):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
-        self.progress, self.log = progress, log
+        self.progress, self.log, self.sample_stride = progress, log, sample_stride
         # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
         self.rank_targets = [*spec.TARGETS, *getattr(spec, "PROXY_TARGETS", [])]
         self.steps: list[Step] = []
@@ -266,6 +269,7 @@ class Search:
         self._prepared: dict[tuple, Any] = {}
         self._ranges: dict[tuple, Any] = {}
         self._val: Evaluator | None = None
+        self._sample: Evaluator | None = None
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def _prepare(self, r: Recipe):
@@ -301,8 +305,16 @@ class Search:
             self._val = Evaluator(self.spec, self.fp32, "validation")
         return self._val
 
-    def measure(self, stage: str, change: str, r: Recipe, speed: bool = False) -> Step | None:
-        """Quantize + score one candidate on validation; None when the form's rules reject the graph."""
+    @property
+    def sample(self) -> Evaluator:
+        """A third of the validation split, for the one-unit-at-a-time sensitivity scan."""
+        if self._sample is None:
+            self._sample = Evaluator(self.spec, self.fp32, "validation", stride=self.sample_stride)
+        return self._sample
+
+    def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
+                evaluator: Evaluator | None = None) -> Step | None:
+        """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph."""
         from tritonkit.quantize import QuantizationError
 
         t0 = time.perf_counter()
@@ -313,7 +325,7 @@ class Search:
             self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
                                    round(time.perf_counter() - t0, 1)))
             return None
-        metrics = self.val.metrics(model)
+        metrics = (evaluator or self.val).metrics(model)
         sp = None
         if speed and self.check_speed:
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3)["int8_speedup"]
@@ -349,92 +361,101 @@ class Search:
         tracks.sort(key=lambda t: t.distortion)
         return tracks[: self.max_tracks]
 
-    def knobs(self, track: Track) -> Track:
+    def variants(self, track: Track) -> list[tuple[str, Recipe]]:
+        """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction (conv
+        models), the calibration method (where the feeds allow histograms)."""
         ops = set(self.spec.WEIGHT_OPS)
-        trials: list[tuple[str, dict]] = []
+        out = [("as started", track.recipe)]
         if "MatMul" in ops:
-            trials += [(f"smooth_alpha={a}", {"smooth_alpha": a}) for a in (0.5, 0.8)]
+            out += [(f"smooth_alpha={a}", replace(track.recipe, smooth_alpha=a)) for a in (0.5, 0.8)]
         if "Conv" in ops:
-            trials.append(("bias_correction", {"bias_correction": True}))
-        for trial_group in (trials, [(f"calibrate={m}", {"calibrate_method": m, "extra_options": x})
-                                     for m, x in self._applicable_methods()[1:]]):
-            best = track
-            for change, kw in trial_group:
-                r = replace(track.recipe, **kw)
-                step = self.measure("knob", change, r)
-                if step is not None and step.distortion < best.distortion:
-                    best = Track(r, step.metrics, step.distortion)
-            track = best
-        return track
+            out.append(("bias_correction", replace(track.recipe, bias_correction=True)))
+        methods = self._applicable_methods()[1:]
+        out += [(f"{name} + calibrate={m}", replace(r, calibrate_method=m, extra_options=x))
+                for name, r in list(out) for m, x in methods]
+        return out
 
     def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
         from tqdm import tqdm
 
-        nodes = quantizable_nodes(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS)
-        if not nodes:
-            raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node with a constant weight")
-        units = group_units(nodes, self.max_units)
-        ranked = []
         from tritonkit.quantize import QuantizationError
 
+        nodes = quantizable_nodes(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS)
+        if not nodes:
+            raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node to quantize")
+        units = group_units(nodes, self.max_units)
+        base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe)))
+        ranked = []
         for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
                                   disable=not self.progress):
             try:
                 model = self.build(replace(track.recipe, float_nodes=members))
             except QuantizationError:
                 continue
-            gain = track.distortion - distortion(self.rank_targets, self.val.metrics(model))
+            gain = base - distortion(self.rank_targets, self.sample.metrics(model))
             ranked.append((unit, members, gain))
         ranked.sort(key=lambda u: -u[2])
         self.sensitivity.append({"recipe": track.recipe.describe(),
                                  "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
         return ranked
 
-    def fallback(self, track: Track, ranked) -> tuple[Recipe | None, list[Step]]:
-        """Cumulative fallback in sensitivity order until the gates hold on validation (with the margin)."""
-        r, tried = track.recipe, []
-        if passes(self.spec.TARGETS, track.metrics, self.margin):
-            return r, tried
-        for unit, members, gain in ranked[: max(1, len(ranked) // 2)]:
-            if gain <= 0:
-                break
-            r = replace(r, float_nodes=[*r.float_nodes, *members])
-            step = self.measure("fallback", f"+float {unit}", r, speed=True)
-            if step is None:
+    def fallback(self, name: str, start: Recipe, ranked) -> Recipe | None:
+        """Cumulative fallback in sensitivity order, scored on the validation sample, until the gates hold there
+        (with the margin); then on the whole validation split, adding units while it does not hold yet."""
+        r, whole = start, False
+        budget = [u for u in ranked if u[2] > 0][: max(1, len(ranked) // 2)]
+        step = self.measure("fallback", f"{name}", r, evaluator=self.sample)
+        for unit, members, _gain in [(None, [], 0.0), *budget]:
+            if unit is not None:
+                r = replace(r, float_nodes=[*r.float_nodes, *members])
+                step = self.measure("fallback", f"{name} +float {unit}", r, evaluator=self.val if whole else
+                                    self.sample)
+            if step is None or not step.passed:
                 continue
-            tried.append(step)
-            if self.check_speed and step.speedup is not None and step.speedup < self.spec.SPEED_TARGET.value:
+            if not whole:  # passed on the sample: the whole split decides from here on
+                whole = True
+                step = self.measure("confirm", f"{name} on all validation", r, speed=True)
+                if step is not None and step.passed:
+                    return r
+            else:
+                return r
+            if self.check_speed and step is not None and step.speedup is not None \
+                    and step.speedup < self.spec.SPEED_TARGET.value:
                 self.log("  stopped: the speed gate no longer holds")
-                return None, tried
-            if step.passed:
-                return r, tried
-        return None, tried
+                return None
+        return None
 
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
         self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate")
-        finals: list[tuple[Recipe, dict]] = []
         failed: list[dict] = []
+        ok: list[tuple[Recipe, dict]] = []
         for track in self.start():
-            track = self.knobs(track)
-            recipe, tried = self.fallback(track, self.rank_units(track))
-            if recipe is None:
-                best = min(tried or [self.steps[-1]], key=lambda s: s.distortion)
-                failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
-                continue
-            speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES) \
-                if self.check_speed else {}
-            finals.append((recipe, speed))
-            self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
-        if self.check_speed:
-            ok = [(r, s) for r, s in finals if self.spec.SPEED_TARGET.met(s)]
-            failed += [{"recipe": r.describe(), "speedup": s.get("int8_speedup")} for r, s in finals
-                       if not self.spec.SPEED_TARGET.met(s)]
-        else:
-            ok = finals
+            ranked = self.rank_units(track)
+            finals = []
+            for name, variant in self.variants(track):
+                recipe = self.fallback(name, variant, ranked)
+                if recipe is None:
+                    best = min((s for s in self.steps if s.stage in ("fallback", "confirm")
+                                and s.change.startswith(name)), key=lambda s: s.distortion, default=None)
+                    if best is not None:
+                        failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
+                    continue
+                speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES) \
+                    if self.check_speed else {}
+                self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
+                finals.append((recipe, speed))
+            if self.check_speed:
+                failed += [{"recipe": r.describe(), "speedup": s.get("int8_speedup")} for r, s in finals
+                           if not self.spec.SPEED_TARGET.met(s)]
+                finals = [(r, s) for r, s in finals if self.spec.SPEED_TARGET.met(s)]
+            ok += finals
+            if ok:  # tracks run best first: the first that passes ends the search
+                break
         if not ok:
             return self._result(None, {}, {}, {}, failed, t0, "no candidate met the accuracy and speed gates")
-        recipe, speed = max(ok, key=lambda rs: rs[1].get("int8_speedup", 0.0))
+        # Fastest first; without a speed check, the fewest float units.
+        recipe, speed = max(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)))
         model = self.build(recipe)
         validation = self.val.metrics(model)
         self.log("[search] confirming once on the test split")

@@ -185,7 +185,7 @@ class ImageClassification(Kind):
         """A named sample photo (file stem, e.g. 'chelsea') of the photo set, RGB."""
         for entry in photos_data.manifest():
             if Path(entry.path).stem == name:
-                return photos_data.decode(photos_data.resolve(entry))
+                return photos_data.decode(photos_data.resolve(entry), max_side=1 << 20)  # full size
         raise KeyError(f"no photo named {name!r} in {photos_data.MANIFEST.name}")
 
     @classmethod
