@@ -21,7 +21,7 @@ import yaml
 from tiny_models import build_sleepy_repository
 from tritonclient.utils import InferenceServerException
 
-from tritonkit import deploy, ngc, paths, supervisor
+from tritonkit import deploy, ngc, paths, repo_variants, supervisor
 from tritonkit.config import find_configs, load_config
 from tritonkit.server import CONTROL_HEADER, RESTRICTED_APIS, TritonServer, _stubs_of, prepare_backend_dir, server_env
 
@@ -52,11 +52,14 @@ def test_compose_uses_the_image_command_mounts_repository_reserves_gpu_and_sets_
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     svc = compose["services"]["tritonserver"]
     assert "entrypoint" not in svc and "command" not in svc
-    assert svc["build"]["args"]["NGC_RELEASE"] == f"${{NGC_RELEASE:-{ngc.RELEASE}}}"
-    assert svc["image"] == f"{ngc.IMAGE_NAME}:${{NGC_RELEASE:-{ngc.RELEASE}}}"
+    # The variable that picks the release for plan builds picks the image too.
+    assert svc["build"]["args"]["NGC_RELEASE"] == f"${{{ngc.RELEASE_ENV}:-{ngc.RELEASE}}}"
+    assert svc["image"] == f"{ngc.IMAGE_NAME}:${{{ngc.RELEASE_ENV}:-{ngc.RELEASE}}}"
     assert svc["environment"][supervisor.KEY_ENV].startswith(f"${{{supervisor.KEY_ENV}:?")
-    assert "../model_repository:/models:ro" in svc["volumes"]
-    assert (DOCKER / svc["volumes"][0].split(":")[0]).resolve() == paths.MODEL_REPOSITORY
+    # The NGC container serves the NGC view of the repository, not the embedded one.
+    (volume,) = svc["volumes"]
+    host, target, mode = volume.split(":")
+    assert (DOCKER / host).resolve() == repo_variants.NGC_REPOSITORY and (target, mode) == ("/models", "ro")
     assert svc["shm_size"] == "1gb"
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]

@@ -21,8 +21,9 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 from tiny_models import SLEEPY_MODEL_PY, build_smoke_repository
+from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import deploy, ngc
+from tritonkit import deploy, native_check, ngc, paths, repo_variants
 from tritonkit.server import free_port
 
 K8S_VERSION = "1.30.0"
@@ -123,37 +124,41 @@ def test_replicas_survive_drains_and_share_read_only_storage(variant):
     assert pvc["spec"]["accessModes"] == ["ReadOnlyMany"]  # pods on many nodes mount it at once
 
 
-def test_cpu_variant_loads_no_gpu_only_model(tmp_path):
-    args = _variant("cpu")["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    loaded = [a.split("=", 1)[1] for a in args if a.startswith("--load-model=")]
-    assert "*" not in loaded and loaded == deploy.cpu_models()
-    assert "--model-control-mode=explicit" in args  # --load-model means nothing in other modes
-    # The selection itself, on a repository that has GPU-only models.
+def _gpu_only(cfg: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> bool:
+    if cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt":
+        return True
+    if any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in cfg.instance_group):
+        return True
+    return any(_gpu_only(configs[s.model_name], configs) for s in cfg.ensemble_scheduling.step)
+
+
+@pytest.mark.parametrize("variant", list(deploy.VARIANTS))
+def test_each_variant_runs_the_image_command_on_its_own_view(variant):
+    container = _variant(variant)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == deploy.server_command()
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/models")
+    view = repo_variants.NGC_REPOSITORY if variant == "gpu" else repo_variants.NGC_CPU_REPOSITORY
+    assert mount["subPath"] == view.name
+
+
+def test_client_facing_models_are_ensembles_and_models_no_ensemble_uses(tmp_path):
     io = ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: 0\n')
-    for name, extra in [("cpu_model", 'backend: "onnxruntime"\ninstance_group [ { kind: KIND_CPU } ]'),
-                        ("gpu_model", 'backend: "onnxruntime"\ninstance_group [ { kind: KIND_GPU } ]'),
-                        ("plan_model", 'platform: "tensorrt_plan"')]:
+    for name in ("step", "direct"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n{extra}\n{io}')
-
-    def ensemble(name: str, step: str) -> None:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "config.pbtxt").write_text(
-            f'name: "{name}"\nplatform: "ensemble"\n{io}'
-            f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
-            'input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }\n')
-
-    ensemble("cpu_pipe", "cpu_model")
-    ensemble("plan_pipe", "plan_model")
-    ensemble("outer_pipe", "plan_pipe")  # an ensemble of an ensemble that needs a GPU
-    assert deploy.cpu_models(tmp_path) == ["cpu_model", "cpu_pipe"]
-    assert deploy.entry_models(tmp_path) == ["cpu_pipe", "gpu_model", "outer_pipe"]
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "onnxruntime"\n{io}')
+    (tmp_path / "pipe").mkdir()
+    (tmp_path / "pipe" / "config.pbtxt").write_text(
+        f'name: "pipe"\nplatform: "ensemble"\n{io}ensemble_scheduling {{ step [ {{ model_name: "step" '
+        'model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } } ] }\n')
+    assert deploy.entry_models(tmp_path) == ["direct", "pipe"]
 
 
-def test_gpu_variant_runs_the_image_command():
-    args = _variant("gpu")["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args == deploy.server_command()
+def test_cpu_view_has_no_gpu_only_model():
+    """The CPU variant loads every model of the CPU view: none may need a GPU."""
+    loaded = native_check.loaded_models(paths.MODEL_REPOSITORY, native_check.VIEWS["ngc-cpu"])
+    assert loaded
+    assert not [n for n, cfg in loaded.items() if _gpu_only(cfg, loaded)]
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with its built-in kustomize) not installed")

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import ngc, paths
+from tritonkit import ngc, paths, repo_variants
 from tritonkit.config import load_repository
 
 DEPLOY = paths.ROOT / "deploy"
@@ -47,33 +45,19 @@ class Variant:
     # Rolling update: GPU nodes rarely have a spare GPU for a surge pod, so GPU replicas are replaced one at a time.
     max_surge: int
     max_unavailable: int
+    # Folder of the repository volume this variant serves: the NGC view `make check-native` writes under build/.
+    # The CPU view has no TensorRT model, so a CPU replica loads everything in its folder.
+    repository: str
 
 
 VARIANTS = {
     # A GPU replica absorbs bursts fast; scale before queueing reaches a few ms of a ~20 ms budget.
     "gpu": Variant("tritonkit", cpu="4", memory="12Gi", gpus=1, queue_target_us=5_000, max_replicas=8,
-                   max_surge=0, max_unavailable=1),
+                   max_surge=0, max_unavailable=1, repository=repo_variants.NGC_REPOSITORY.name),
     # CPU replicas compute slower, so a larger share of the budget is queue before a new pod pays off.
     "cpu": Variant("tritonkit-cpu", cpu="4", memory="6Gi", gpus=0, queue_target_us=20_000, max_replicas=16,
-                   max_surge=1, max_unavailable=0),
+                   max_surge=1, max_unavailable=0, repository=repo_variants.NGC_CPU_REPOSITORY.name),
 }
-
-
-def _gpu_only(name: str, configs: dict[str, mc.ModelConfig], seen: frozenset[str] = frozenset()) -> bool:
-    """A model needs a GPU: TensorRT, a KIND_GPU instance group, or an ensemble step that does."""
-    cfg = configs[name]
-    if cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt":
-        return True
-    if any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in cfg.instance_group):
-        return True
-    steps = {s.model_name for s in cfg.ensemble_scheduling.step} - seen
-    return any(_gpu_only(s, configs, seen | {name}) for s in steps if s in configs)
-
-
-def cpu_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
-    """Models a CPU-only replica loads (`--load-model` each): everything that does not need a GPU."""
-    configs = load_repository(repository)
-    return sorted(n for n in configs if not _gpu_only(n, configs))
 
 
 def entry_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
@@ -83,18 +67,17 @@ def entry_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
     return sorted(set(configs) - steps)
 
 
-def server_command(models: Sequence[str] | None = None) -> list[str]:
+def server_command() -> list[str]:
     """The container's command: tritonserver under tritonkit.supervisor (which reloads a model whose Python stub
-    died, through the repository API; explicit model control is what allows that). `models` None = all."""
-    load = ["--load-model=*"] if models is None else [f"--load-model={m}" for m in models]
+    died, through the repository API; explicit model control is what allows that, `*` loads every model)."""
     return [
         "python3", "-m", "tritonkit.supervisor", "--",
-        "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", *load,
+        "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*",
         "--strict-readiness=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}", "--metrics-config=summary_latencies=true",
     ]
 
 
-def manifests(v: Variant, models: Sequence[str] | None = None) -> list[dict]:
+def manifests(v: Variant) -> list[dict]:
     labels = {"app.kubernetes.io/name": v.name, **SERVER_LABELS}
     resources = {"requests": {"cpu": v.cpu, "memory": v.memory}, "limits": {"memory": v.memory}}
     if v.gpus:
@@ -105,7 +88,7 @@ def manifests(v: Variant, models: Sequence[str] | None = None) -> list[dict]:
         # The registry is prefixed by the kustomize component deploy/k8s/image (the one place to set it).
         "image": ngc.IMAGE,
         # `args`, not `command`: NGC's entrypoint (driver compatibility checks) stays and runs them.
-        "args": server_command(models),
+        "args": server_command(),
         "env": [
             # tritonkit.supervisor restricts the repository, trace and logging APIs to this key.
             {"name": "TRITONKIT_CONTROL_KEY",
@@ -128,7 +111,7 @@ def manifests(v: Variant, models: Sequence[str] | None = None) -> list[dict]:
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
         "resources": resources,
         "volumeMounts": [
-            {"name": "model-repository", "mountPath": "/models", "readOnly": True},
+            {"name": "model-repository", "mountPath": "/models", "subPath": v.repository, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
@@ -214,8 +197,9 @@ def storage() -> list[dict]:
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": MODEL_REPOSITORY_CLAIM, "labels": {"app.kubernetes.io/part-of": "tritonkit"}},
         "spec": {
-            # Replicas spread over nodes: the volume must attach to many nodes at once (NFS, CephFS, cloud file
-            # shares, or a PV pre-populated from a snapshot); ReadWriteOnce block volumes cannot do that.
+            # Holds build/ngc_repository and build/ngc_cpu_repository (each variant mounts its own). Replicas spread
+            # over nodes: the volume must attach to many nodes at once (NFS, CephFS, cloud file shares, or a PV
+            # pre-populated from a snapshot); ReadWriteOnce block volumes cannot do that.
             "accessModes": ["ReadOnlyMany"],
             "resources": {"requests": {"storage": "10Gi"}},
         },
@@ -393,9 +377,8 @@ def outputs() -> dict[Path, str]:
         DASHBOARD: json.dumps(dashboard(), indent=2, ensure_ascii=False) + "\n",
     }
     for variant, v in VARIANTS.items():
-        models = None if v.gpus else cpu_models()
         files[K8S_DIR / variant / "kustomization.yaml"] = _kustomization(["tritonkit.yaml", "../common"], ["../image"])
-        files[K8S_DIR / variant / "tritonkit.yaml"] = _yaml(manifests(v, models), f"{variant} variant")
+        files[K8S_DIR / variant / "tritonkit.yaml"] = _yaml(manifests(v), f"{variant} variant")
     return files
 
 

@@ -1,18 +1,20 @@
-"""The NGC tritonserver release the container path targets: one setting for the Dockerfile, compose and Kubernetes.
+"""The NGC tritonserver image the container path uses, named from the one release setting in tritonkit.engines.
 
-24.10 is the release whose Triton core (2.51) is the one embedded in the nvidia-pytriton wheel `make serve` runs,
-so both servers read the same model configuration rules. docker/Dockerfile's `NGC_RELEASE` build argument
-defaults to RELEASE (a test keeps the two equal); TensorRT plans must be built by the TensorRT of the image
-that serves them.
+engines.DEFAULT_RELEASE (overridden by $TRITONKIT_NGC_RELEASE when plans are built) is 24.10, the release whose
+Triton core (2.51) is the one embedded in the nvidia-pytriton wheel `make serve` runs. docker/Dockerfile's
+NGC_RELEASE build argument and compose's default carry the same value (tests keep them equal); plans must be
+built by the TensorRT of the image that serves them (`make build-engines-docker`).
 """
 
 from __future__ import annotations
 
-RELEASE = "24.10"
+from tritonkit.engines import DEFAULT_RELEASE, KNOWN_RELEASES
+
+RELEASE = DEFAULT_RELEASE
+TRITON_CORE, TENSORRT = KNOWN_RELEASES[RELEASE]
 BASE_IMAGE = f"nvcr.io/nvidia/tritonserver:{RELEASE}-py3"
-# What that release ships (its release notes): the server core and the TensorRT that builds and loads plans.
-TRITON_CORE = "2.51"
-TENSORRT = "10.5"
 # Our image, built FROM BASE_IMAGE by docker/Dockerfile; Kubernetes prefixes the registry (deploy/k8s/image/).
 IMAGE_NAME = "tritonkit-tritonserver"
 IMAGE = f"{IMAGE_NAME}:{RELEASE}"
+# The variable that picks another release, for plan builds (scripts/build-engines-docker) and compose alike.
+RELEASE_ENV = "TRITONKIT_NGC_RELEASE"
