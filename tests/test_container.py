@@ -168,6 +168,12 @@ def test_watcher_reloads_a_killed_stub_and_leaves_an_unloaded_model(start_server
     time.sleep(0.5)
     with pytest.raises(InferenceServerException, match="not healthy"):
         _echo(server.http_url, 1.0)  # what clients see until someone reloads
+    # ...while everything a probe or the index shows still says the model is fine (Triton 2.51).
+    probe = httpclient.InferenceServerClient(server.http_url)
+    assert probe.is_server_ready() and probe.is_model_ready("sleepy")
+    index = probe.get_model_repository_index(headers={CONTROL_HEADER: server.control_key})
+    probe.close()
+    assert {m["name"]: m["state"] for m in index} == {"sleepy": "READY"}
     _tick_until(watcher, lambda: bool(watcher.reloads))
     assert watcher.reloads[0]["model"] == model == "sleepy" and watcher.reloads[0]["outcome"] == "reloaded"
     assert _echo(server.http_url, 2.0) == 2.0
@@ -200,7 +206,8 @@ def _children(pid: int) -> list[int]:
 def test_supervisor_runs_the_server_recovers_a_stub_and_drains_on_sigterm(tmp_path):
     """The container's command, end to end, with the embedded server's binary in place of the image's."""
     repo = build_sleepy_repository(tmp_path / "repo", delay_ms=1)
-    spec = TritonServer.on_free_ports(model_repository=repo, models=["sleepy"], exit_timeout_s=5)
+    # `--load-model=*`, as the container command loads models (explicit control, every model at startup).
+    spec = TritonServer.on_free_ports(model_repository=repo, models=["*"], exit_timeout_s=5)
     prepare_backend_dir(Path(spec.backend_dir))
     log = tmp_path / "supervisor.log"
     with open(log, "wb") as out:
