@@ -18,6 +18,8 @@ from tritonkit_client.text import embed
 
 from tritonkit.server import free_port
 
+pytestmark = pytest.mark.slow  # serves the built MiniLM pipeline
+
 TEXTS = [
     "The cat sat on the mat.",
     "A quick brown fox jumps over the lazy dog near the river bank at dawn.",

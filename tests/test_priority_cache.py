@@ -43,6 +43,7 @@ def _cache_counts(server, model: str = "text_embedding") -> tuple[int, int]:
     return int(stats["cache_hit"]["count"]), int(stats["cache_miss"]["count"])
 
 
+@pytest.mark.slow
 def test_variant_copies_configs_and_links_model_files(variant_server):
     repo = variant_server.model_repository
     cfg = load_config(repo / "text_encoder" / "config.pbtxt")
@@ -59,6 +60,7 @@ def test_ensemble_cannot_carry_priority_levels(tmp_path):
         rv.make_variant(tmp_path / "repo", rv.TEXT_PIPELINE, {"text_embedding": rv.priority_levels(2)})
 
 
+@pytest.mark.slow
 def test_repeated_request_is_a_cache_hit_with_identical_outputs(variant_server):
     client = grpcclient.InferenceServerClient(variant_server.grpc_url)
     text = "Return the response cache entry for this exact request."
@@ -76,6 +78,7 @@ def test_repeated_request_is_a_cache_hit_with_identical_outputs(variant_server):
     assert _cache_counts(variant_server)[0] == hits2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["text_embedding", "text_encoder"])
 def test_priority_one_is_accepted(variant_server, model):
     client = grpcclient.InferenceServerClient(variant_server.grpc_url)
@@ -93,6 +96,7 @@ def test_priority_one_is_accepted(variant_server, model):
     np.testing.assert_allclose(high, default, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_out_of_range_priority_is_not_an_error_in_triton_2_51(variant_server):
     # Triton 2.51 does not reject a priority above priority_levels: the request runs at the model's
     # default_priority_level (core InferenceRequest::SetPriority). Pinned here so that an upgrade that starts

@@ -26,6 +26,7 @@ def test_splits_are_disjoint_real_text():
     assert not set(data.split("validation")) & (calibration | evaluation)
 
 
+@pytest.mark.slow
 def test_fp32_export_matches_sentence_transformers_on_a_grid(built):
     # A fresh grid (other sentences than the build used): batch 1/5/17 × lengths 16/256.
     grid, start = [], 600
@@ -39,6 +40,7 @@ def test_fp32_export_matches_sentence_transformers_on_a_grid(built):
     assert result.samples == sum(p["batch"] for p in grid)
 
 
+@pytest.mark.slow
 def test_validation_raises_typed_error_listing_worst_cases(built):
     # A reference that is wrong for two rows must produce ExportValidationError naming exactly those rows.
     def reference(sample: ExportSample) -> np.ndarray:
@@ -54,6 +56,7 @@ def test_validation_raises_typed_error_listing_worst_cases(built):
     assert "2 of 6 samples miss cosine >= 0.9999" in str(info.value)
 
 
+@pytest.mark.slow
 def test_int8_forms_are_what_their_recipes_say(built):
     """TensorRT form: symmetric INT8, zero points 0, per-channel weights. Served form: the searched recipe's."""
     import json

@@ -25,6 +25,7 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_embed_args_to_jsonl(server):
     proc = cli("embed", "a cat sat on the mat", "the dog barked", "--url", server.http_url)
     assert proc.returncode == 0, proc.stderr
@@ -35,6 +36,7 @@ def test_embed_args_to_jsonl(server):
     assert all(r["truncated"] is False and r["num_tokens"] > 2 for r in rows)
 
 
+@pytest.mark.slow
 def test_embed_file_to_npy_over_grpc_async(server, tmp_path):
     texts = data.split("demo")[:40]
     src = tmp_path / "texts.txt"
@@ -49,12 +51,14 @@ def test_embed_file_to_npy_over_grpc_async(server, tmp_path):
     assert ((vectors * direct.vectors).sum(1) > 0.9999).all()
 
 
+@pytest.mark.slow
 def test_embed_from_stdin(server):
     proc = cli("embed", "--url", server.http_url, stdin="first line\nsecond line\n")
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_similar_ranks_the_related_text_first(server, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(
@@ -82,6 +86,7 @@ def test_server_down_gives_a_clear_error():
         embed(["hello"], url=f"127.0.0.1:{port}")
 
 
+@pytest.mark.slow
 def test_bad_input_is_reported_not_a_traceback(server):
     proc = cli("embed", "ok", "   ", "--url", server.http_url)
     assert proc.returncode == 2

@@ -18,6 +18,8 @@ from tritonkit_client import AsyncClient, Client, ClientError, embed, embed_asyn
 from tritonkit import data
 from tritonkit.perf import metrics_counters
 
+pytestmark = pytest.mark.slow  # serves the built MiniLM pipeline
+
 OUTPUTS = ["embedding", "num_tokens", "truncated"]
 
 
