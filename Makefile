@@ -7,7 +7,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo serve build int8-search add-model build-engines serve-docker gateway manifests perf tune lint test check-configs clean
+.PHONY: help setup lock demo serve build int8-search add-model build-engines serve-docker gateway manifests perf tune lint test test-all check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -66,9 +66,17 @@ build-engines-docker: ## TensorRT plans built inside the NGC image that serves t
 lint: ## ruff over the whole project
 	@$(PY) -m ruff check .
 
-test: lint ## lint, then the whole test suite against real tritonserver instances
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+# pytest's "no tests collected" (5) must fail, never pass silently.
+define run_pytest
+	@set +e; $(PY) -m pytest $(1) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+endef
+
+test: lint ## lint, then the quick tier (not slow) against real tritonserver instances with tiny models
+	$(call run_pytest,-m "not slow")
+
+test-all: lint ## lint, then every test: the quick tier plus real model builds, the perf gate and the soak
+	$(call run_pytest,)
 
 clean: ## remove build outputs (model artefacts, backend dir); keeps .venv
 	rm -rf .build build/artifacts perf/results
