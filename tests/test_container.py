@@ -92,10 +92,10 @@ def test_container_requirements_cover_python_backend_imports():
 
 
 def test_supervisor_imports_only_the_standard_library_and_tritonkit_server():
-    """It runs on the container's Python, where only requirements-container.txt is installed."""
+    """It runs on the container's Python (3.10 in 24.10), where only requirements-container.txt is installed."""
     allowed = set(sys.stdlib_module_names) | {"tritonkit"}
     for module in (supervisor, sys.modules["tritonkit.server"], sys.modules["tritonkit.paths"]):
-        tree = ast.parse(Path(module.__file__).read_text())
+        tree = ast.parse(Path(module.__file__).read_text(), feature_version=(3, 10))
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert names <= allowed | {"__future__"}, f"{module.__name__}: {sorted(names - allowed)}"
