@@ -195,7 +195,7 @@ class Evaluator:
         return self.spec.gate_metrics(self.ref, run_batches(session(model), self.batches))
 
 
-def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 5) -> dict[str, float]:
+def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 7) -> dict[str, float]:
     """INT8 ÷ FP32 throughput per batch size, single-instance threads as served, runs interleaved (median)."""
     sessions = {"fp32": session(fp32, spec.SERVE_THREADS), "int8": session(model, spec.SERVE_THREADS)}
     out: dict[str, float] = {}
@@ -306,6 +306,12 @@ class Search:
         return self._val
 
     @property
+    def early_speed(self) -> float:
+        """Quick single-batch timings drop a candidate only well below the speed gate (shared machines are noisy);
+        the gate itself is judged on the served batch sizes at the end."""
+        return 0.8 * self.spec.SPEED_TARGET.value
+
+    @property
     def sample(self) -> Evaluator:
         """A third of the validation split, for the one-unit-at-a-time sensitivity scan."""
         if self._sample is None:
@@ -354,7 +360,7 @@ class Search:
                 step = self.measure("start", f"form={form} placement={placement}", r, speed=True)
                 if step is None:
                     continue
-                if self.check_speed and step.speedup is not None and step.speedup < self.spec.SPEED_TARGET.value:
+                if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
                     self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
                     continue
                 tracks.append(Track(r, step.metrics, step.distortion))
@@ -420,7 +426,7 @@ class Search:
             else:
                 return r
             if self.check_speed and step is not None and step.speedup is not None \
-                    and step.speedup < self.spec.SPEED_TARGET.value:
+                    and step.speedup < self.early_speed:
                 self.log("  stopped: the speed gate no longer holds")
                 return None
         return None

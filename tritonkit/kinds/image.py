@@ -66,13 +66,16 @@ def softmax(z: np.ndarray) -> np.ndarray:
 
 
 def agreement(ref_logits: np.ndarray, got_logits: np.ndarray) -> dict[str, float]:
-    """Top-1 / top-5 agreement of two logit sets and mean KL(P_ref || P_got)."""
+    """Top-1 / top-5 agreement of two logit sets and mean KL(P_ref || P_got) (vacuously perfect when empty)."""
+    if len(ref_logits) == 0:
+        return {"top1_agreement": 1.0, "top5_agreement": 1.0, "fp32_top1_in_int8_top5": 1.0, "kl_mean": 0.0,
+                "kl_max": 0.0}
     ref_top = np.argsort(-ref_logits, axis=1)[:, :5]
     got_top = np.argsort(-got_logits, axis=1)[:, :5]
     p, q = softmax(ref_logits.astype(np.float64)), softmax(got_logits.astype(np.float64))
     kl = (p * (np.log(p + 1e-12) - np.log(q + 1e-12))).sum(axis=1)
     return {
-        "top1_agreement": float((ref_top[:, 0] == got_top[:, 0]).mean()) if len(ref_top) else 1.0,
+        "top1_agreement": float((ref_top[:, 0] == got_top[:, 0]).mean()),
         # Share of FP32's top-5 classes also in INT8's top-5.
         "top5_agreement": float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(ref_top, got_top)])),
         "fp32_top1_in_int8_top5": float(np.mean([a[0] in b for a, b in zip(ref_top, got_top)])),
@@ -181,16 +184,25 @@ class ImageClassification(Kind):
     # -- photos -----------------------------------------------------------------------------------------
 
     @staticmethod
-    def photo(name: str) -> np.ndarray:
-        """A named sample photo (file stem, e.g. 'chelsea') of the photo set, RGB."""
-        for entry in photos_data.manifest():
-            if Path(entry.path).stem == name:
-                return photos_data.decode(photos_data.resolve(entry), max_side=1 << 20)  # full size
-        raise KeyError(f"no photo named {name!r} in {photos_data.MANIFEST.name}")
+    @cache
+    def photos() -> tuple[photos_data.Photo, ...]:
+        """The sample photos Python packages ship (scikit-image, matplotlib, scikit-learn), full size: the demo's
+        and the benchmarks' fixed image set."""
+        return tuple(photos_data.Photo(Path(e.path).stem, e.source,
+                                       photos_data.decode(photos_data.resolve(e), max_side=1 << 20))
+                     for e in photos_data.manifest() if e.source.startswith("py:"))
+
+    @classmethod
+    def photo(cls, name: str) -> photos_data.Photo:
+        """A named sample photo (file stem, e.g. 'chelsea')."""
+        for p in cls.photos():
+            if p.name == name:
+                return p
+        raise KeyError(f"no sample photo named {name!r} (known: {', '.join(p.name for p in cls.photos())})")
 
     @classmethod
     def photo_bytes(cls, name: str, fmt: str = "JPEG", quality: int = 92) -> bytes:
-        return imaging.encode(cls.photo(name), fmt, quality)
+        return imaging.encode(cls.photo(name).rgb, fmt, quality)
 
     @cache  # noqa: B019 - kinds live for the process
     def examples(self, split: str, views: tuple[str, ...] | None = None) -> tuple[Example, ...]:
