@@ -46,7 +46,7 @@ from tritonkit.perf import (
 from tritonkit.server import TritonServer
 
 RESULTS = paths.ROOT / "perf" / "results"
-TARGET = 0.10  # the issue: at most 10 % throughput lost to the ensemble at concurrency 16
+TARGET = 0.10  # at most 10 % throughput lost to the ensemble at concurrency 16
 PADDED = "text_embedding_fused_padded"
 
 

@@ -19,8 +19,7 @@ The profile's policies (`default_queue_policy`, values in tritonkit.repo_variant
     UNAVAILABLE "Request timeout expired". That bounds accepted latency at about timeout + one batch per step.
   - max_queue_size is a memory backstop, sized well above what the timeout lets pile up at 4x, so it rarely
     fires. It does reject instantly ("Exceeds maximum queue size"), but in Triton 2.51 a dynamic batcher that
-    keeps hitting max_queue_size stalls (measured with tests/overload_models.py: goodput fell to 30-55 % of
-    capacity), so it is not used as the primary shedding mechanism.
+    keeps hitting max_queue_size stalls (docs/performance.md), so it is not the primary shedding mechanism.
 """
 
 from __future__ import annotations

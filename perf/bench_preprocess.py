@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tritonkit import imaging, paths
 from tritonkit.models import efficientnet_lite0 as spec
 
-MAX_SIDE = 800  # the "photos of 300–600 px" of the issue: skip the 1000+ px hubble/retina and tiny text scans
+MAX_SIDE = 800  # everyday photo sizes: skip the 1000+ px hubble/retina and tiny text scans
 MIN_SIDE = 280
 
 

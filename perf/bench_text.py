@@ -7,7 +7,7 @@ each concurrency with real text (the `benchmark` split, one text per request, me
 encoder's padding counters, stops the server, then times sentence-transformers FP32 in this process on the same
 texts under the same closed-loop load (N threads, one text per call; and the best case, N texts per call).
 Prints throughput, p50/p99 and ratios; writes perf/results/text-<time>.json and a Markdown table.
-Target (issue 3): served INT8 >= 3x in-process sentence-transformers FP32 at concurrency 16, p99 <= 50 ms.
+Target: served INT8 >= 3x in-process sentence-transformers FP32 at concurrency 16, p99 <= 50 ms.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad-input matrix for both pipelines on one real tritonserver, every case over HTTP and gRPC (issue 7).
+"""Bad-input matrix for both pipelines on one real tritonserver, every case over HTTP and gRPC.
 
 Requests are built with tritonclient directly, so wrong dtypes, ranks, shapes, missing inputs, unknown outputs and
 malformed BYTES tensors really reach the server. Every case ends in one of two ways:

@@ -141,14 +141,14 @@ class ArenaRelease:
     """When to hand onnxruntime's CPU arena back to the OS.
 
     The arena keeps its high-water mark: one burst of max-size batches (a backlog after a stall) pins their
-    activations for the life of the stub (measured: EfficientNet-Lite0 INT8, batch 64 → +300 MiB, kept).
-    ORT's run option `memory.enable_memory_arena_shrinkage` frees unused chunks, but costs ~45 % on the run that
-    re-grows them, so it is applied once, on the `calm_runs`-th consecutive run at or below `rows` after a run
-    above it: sustained overload (only big batches) never pays for it, and memory returns when the burst ends.
+    activations for the life of the stub. ORT's run option `memory.enable_memory_arena_shrinkage` frees unused
+    chunks, but makes the run that re-grows them slower, so it is applied once, on the `calm_runs`-th consecutive
+    run at or below `rows` after a run above it: sustained overload (only big batches) never pays for it, and
+    memory returns when the burst ends.
 
     The arena's chunks come from malloc, and glibc keeps freed ones below its (self-raising, up to 32 MiB) mmap
-    threshold in the heap: without `malloc_trim` after each release the floor crept up burst after burst
-    (measured: classifier stub 194 → 262 MiB over ten bursts; with it 160-175 MiB). The trim takes 0.1-11 ms.
+    threshold in the heap, so each release is followed by `malloc_trim`, or the floor creeps up burst after burst.
+    Measurements: docs/performance.md ("Memory").
 
     Config parameter `arena_release_batch` (rows; default max_batch_size // 4, "0" turns this off).
     """

@@ -346,12 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(not math.isnan(p.throughput) for r in results.values() for p in r["served"]) else 1
 
 
-# The CI gate: served throughput as a ratio of the in-process baseline measured in the same run (never an absolute
-# number, so a slow or busy CI machine moves both sides). Thresholds sit well under the ratios measured here; the
-# spread we saw is in README ("CI perf gate").
-# Measured (python perf/lab.py --gate 3): text 6.69-7.26, image 9.16-9.38; the image baseline alone has ranged
-# 20.6-29.1 images/s across runs. The gates sit ~40 % under the medians: a regression of that size (e.g. text back
-# at FP32 speed) trips them, the run-to-run spread (±4 %) does not.
+# CI gate: served/baseline ratio from one run (a busy machine slows both sides); thresholds sit ~40 % under the
+# measured medians (docs/performance.md, "CI perf gate"), so a real regression trips them and noise does not.
 GATE = {"text": {"concurrency": 16, "min_ratio": 4.0}, "image": {"concurrency": 8, "min_ratio": 5.0}}
 
 

@@ -153,9 +153,7 @@ OVERLOAD_POLICIES: dict[str, tuple[int, int]] = {  # model → (default_timeout_
     "image_classifier": (300_000, 128),
     "image_classifier_fp32": (300_000, 128),
 }
-# Work a step does for a request that a later step then sheds is wasted. At 4x load the JPEG decoder (2 instances)
-# took half the cores to feed a classifier that shed half of what it got; with one decoder instance it cannot
-# outrun the classifier (perf/bench_overload.py, images at 4x: accepted 89 -> 149/s, accepted p99 1.7 -> 1.4 s).
+# One JPEG decoder, so that it cannot outrun the classifier: work done for a request a later step sheds is wasted.
 OVERLOAD_INSTANCES: dict[str, int] = {"image_preprocess": 1}
 
 

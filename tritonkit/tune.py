@@ -47,7 +47,7 @@ from tritonkit.perf import PerfError, PerfPoint, run_perf_analyzer, write_input_
 PROFILES = paths.ROOT / "profiles"
 RESULTS = paths.ROOT / "perf" / "results"
 LADDER = (1, 2, 4, 8, 16, 32, 64)
-NOISE_MARGIN = 0.04  # a move must beat the incumbent by more than this (run-to-run spread seen here: ~2-4 %)
+NOISE_MARGIN = 0.04  # a move must beat the incumbent by more than the run-to-run spread
 
 # knob → candidate values, in order (neighbours are the adjacent entries)
 VALUES: dict[str, tuple] = {
