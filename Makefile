@@ -43,8 +43,8 @@ serve-docker: ## serve model_repository/ in the NGC tritonserver 24.10 container
 	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
 
-perf: ## perf lab: sweeps of both pipelines + baselines → perf/results/<stamp>/ (CSV, JSON, MD, PNG); QUICK=1
-	@$(PY) perf/lab.py $(if $(QUICK),--quick)
+perf: ## perf lab: sweeps + baselines → perf/results/<stamp>/ (CSV, JSON, MD, PNG); MODEL=name (default both first), QUICK=1
+	@$(PY) perf/lab.py $(if $(QUICK),--quick) $(if $(MODEL),--pipelines $(MODEL))
 
 tune: ## config search under a p99 budget: MODEL=text_embedding P99_MS=50 [PROFILE=tuned MINUTES=15]
 	@test -n "$(MODEL)" -a -n "$(P99_MS)" || { echo "usage: make tune MODEL=<ensemble> P99_MS=<ms> [PROFILE=name]" >&2; exit 2; }

@@ -18,12 +18,13 @@ from tritonkit.perf import PerfPoint, time_in_process
 IMAGE_BATCH = 32
 
 
-def text(texts: Sequence[str], concurrency: int, seconds: float) -> tuple[PerfPoint, PerfPoint]:
+def text(texts: Sequence[str], concurrency: int, seconds: float,
+         model: str = "text_embedding") -> tuple[PerfPoint, PerfPoint]:
     """(N threads × 1 text per call, 1 thread × N texts per call) with sentence-transformers FP32 on all cores."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model = _st_model()
+    model = _st_model(model)
     per_text = time_in_process(lambda t: model.encode([t]), texts, concurrency, duration_s=seconds,
                                label="sentence-transformers FP32 (1 text/call)")
     groups = [list(texts[i : i + concurrency]) for i in range(0, len(texts) - concurrency, concurrency)]
@@ -35,26 +36,27 @@ def text(texts: Sequence[str], concurrency: int, seconds: float) -> tuple[PerfPo
 
 
 @cache
-def _st_model():
-    from tritonkit.models import minilm
+def _st_model(name: str):
+    from tritonkit import kinds
 
-    return minilm.sentence_transformer()
+    return kinds.get(name).sentence_transformer()
 
 
-def image(images: Sequence[bytes], seconds: float) -> PerfPoint:
-    """PIL full decode + resize + crop per image, torch FP32 EfficientNet-Lite0 at batch 32, all cores."""
+def image(images: Sequence[bytes], seconds: float, model: str = "image_classification") -> PerfPoint:
+    """PIL full decode + resize + crop per image, the model in torch FP32 at batch 32, all cores."""
     import numpy as np
     import torch
 
-    from tritonkit import imaging
-    from tritonkit.models import efficientnet_lite0 as spec
+    from tritonkit import imaging, kinds
 
     torch.set_num_threads(os.cpu_count() or 1)
-    model = spec.load_classifier()
+    kind = kinds.get(model)
+    cfg = kind.PREPROCESS
+    model = kind.load_classifier()
     batches = [[images[(i + j) % len(images)] for j in range(IMAGE_BATCH)] for i in range(len(images))]
 
     def run(batch: list[bytes]):
-        x = torch.from_numpy(np.stack([imaging.plain_preprocess(b) for b in batch]))
+        x = torch.from_numpy(np.stack([imaging.plain_preprocess(b, cfg) for b in batch]))
         with torch.no_grad():
             return model(x)[1].topk(5)
 

@@ -74,12 +74,11 @@ def _text_rows() -> list[dict]:
     return text_rows(data.split("benchmark"))
 
 
-def _token_rows() -> list[dict]:
-    from tritonkit import data
-    from tritonkit.models import minilm
+def _token_rows(name: str = "text_embedding") -> list[dict]:
+    from tritonkit import data, kinds
 
     rows = []
-    for enc in minilm.load_tokenizer().encode_batch(data.split("benchmark")):
+    for enc in kinds.get(name).load_tokenizer().encode_batch(data.split("benchmark")):
         n = len(enc.ids)
         rows.append({"input_ids": {"content": list(enc.ids), "shape": [n]},
                      "attention_mask": {"content": [1] * n, "shape": [n]}})
@@ -97,50 +96,63 @@ def _image_rows() -> list[dict]:
     return _b64_bytes_rows("IMAGE", _jpegs())
 
 
-def _pixel_rows() -> list[dict]:
-    from tritonkit import imaging
-    from tritonkit.models import efficientnet_lite0 as spec
+def _pixel_rows(name: str = "image_classification") -> list[dict]:
+    from tritonkit import imaging, kinds
 
-    return [{spec.INPUT: {"b64": base64.b64encode(imaging.preprocess_one(b).astype("<f4").tobytes()).decode(),
-                          "shape": [3, 224, 224]}} for b in _jpegs()]
+    kind = kinds.get(name)
+    size = kind.spec.facts.input_size
+    return [{kind.INPUT: {"b64": base64.b64encode(imaging.preprocess_one(b, kind.PREPROCESS).astype("<f4").tobytes())
+                          .decode(), "shape": [3, size, size]}} for b in _jpegs()]
 
 
-def _text_baseline(concurrencies: Sequence[int], seconds: float) -> list[PerfPoint]:
+def _text_baseline(name: str, concurrencies: Sequence[int], seconds: float) -> list[PerfPoint]:
     from tritonkit import baselines, data
 
     texts = data.split("benchmark")
     out = []
     for c in concurrencies:
-        out += baselines.text(texts, c, seconds)
+        out += baselines.text(texts, c, seconds, model=name)
     return out
 
 
-def _image_baseline(concurrencies: Sequence[int], seconds: float) -> list[PerfPoint]:
+def _image_baseline(name: str, concurrencies: Sequence[int], seconds: float) -> list[PerfPoint]:
     from tritonkit import baselines
 
-    return [baselines.image(_jpegs(), seconds)]
+    return [baselines.image(_jpegs(), seconds, model=name)]
 
 
-PIPELINES = {
-    "text": Pipeline("text", "texts", [
-        Workload("text_embedding", "text_embedding (INT8 ensemble)", _text_rows, ("tokenizer", "text_encoder"), True),
-        Workload("text_embedding_fp32", "text_embedding_fp32 (FP32 ensemble)", _text_rows,
-                 ("tokenizer", "text_encoder_fp32"), True, full_only=True),
-        Workload("text_embedding_fused", "text_embedding_fused (INT8, one stub)", _text_rows,
-                 ("text_embedding_fused",), True, full_only=True),
-        Workload("tokenizer", "tokenizer alone", _text_rows, ("tokenizer",)),
-        Workload("text_encoder", "text_encoder alone (pre-tokenized)", _token_rows, ("text_encoder",)),
-    ], _text_baseline),
-    "image": Pipeline("image", "images", [
-        Workload("image_classification", "image_classification (INT8 ensemble)", _image_rows,
-                 ("image_preprocess", "image_classifier"), True),
-        Workload("image_classification_fp32", "image_classification_fp32 (FP32 ensemble)", _image_rows,
-                 ("image_preprocess", "image_classifier_fp32"), True, full_only=True),
-        Workload("image_preprocess", "image_preprocess alone", _image_rows, ("image_preprocess",)),
-        Workload("image_classifier", "image_classifier alone (pre-processed pixels)", _pixel_rows,
-                 ("image_classifier",)),
-    ], _image_baseline),
-}
+def pipeline(name: str) -> Pipeline:
+    """The perf-lab pipeline of any spec: its INT8 and FP32 ensembles (and fused model), each step alone, and the
+    in-process baseline of its model's own library."""
+    from functools import partial
+
+    from tritonkit import kinds
+
+    kind = kinds.get(name)
+    n, pre, int8, fp32 = kind.NAME, kind.PREPROCESSOR, kind.INT8_MODEL, kind.FP32_MODEL
+    if kind.spec.kind == "text-embedding":
+        workloads = [
+            Workload(n, f"{n} (INT8 ensemble)", _text_rows, (pre, int8), True),
+            Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _text_rows, (pre, fp32), True, full_only=True),
+            *([Workload(f"{n}_fused", f"{n}_fused (INT8, one stub)", _text_rows, (f"{n}_fused",), True,
+                        full_only=True)] if kind.spec.serving.fused else []),
+            Workload(pre, f"{pre} alone", _text_rows, (pre,)),
+            Workload(int8, f"{int8} alone (pre-tokenized)", partial(_token_rows, n), (int8,)),
+        ]
+        return Pipeline(n, "texts", workloads, partial(_text_baseline, n))
+    workloads = [
+        Workload(n, f"{n} (INT8 ensemble)", _image_rows, (pre, int8), True),
+        Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _image_rows, (pre, fp32), True, full_only=True),
+        Workload(pre, f"{pre} alone", _image_rows, (pre,)),
+        Workload(int8, f"{int8} alone (pre-processed pixels)", partial(_pixel_rows, n), (int8,)),
+    ]
+    return Pipeline(n, "images", workloads, partial(_image_baseline, n))
+
+
+def __getattr__(name: str):
+    if name == "PIPELINES":  # the first two pipelines under their short names
+        return {"text": pipeline("text_embedding"), "image": pipeline("image_classification")}
+    raise AttributeError(name)
 
 
 @dataclass
@@ -235,10 +247,10 @@ def write_outputs(out_dir: Path, results: dict[str, dict], settings: Settings, c
         "meta": meta,
         "pipelines": {name: {"served": [p.to_json() for p in r["served"]],
                              "baseline": [p.to_json() for p in r["baseline"]],
-                             "ratios": ratios(PIPELINES[name], r)} for name, r in results.items()},
+                             "ratios": ratios(pipeline(name), r)} for name, r in results.items()},
     }, indent=2))
     for name, r in results.items():
-        files[f"png_{name}"] = plot(PIPELINES[name], r, out_dir / f"{name}.png")
+        files[f"png_{name}"] = plot(pipeline(name), r, out_dir / f"{name}.png")
     files["md"].write_text(summary(results, meta))
     return files
 
@@ -248,7 +260,7 @@ def summary(results: dict[str, dict], meta: dict) -> str:
              f"({meta['machine']}); perf_analyzer over {meta['settings']['protocol']}, median of "
              f"{meta['settings']['repeats']} interleaved repeats, {meta['settings']['measurement_ms']} ms windows.", ""]
     for name, r in results.items():
-        pipe = PIPELINES[name]
+        pipe = pipeline(name)
         lines += [f"## {name}", "", f"![{name}]({name}.png)", "",
                   f"| workload | load | {pipe.unit}/s | p50 ms | p95 ms | p99 ms | server split per model "
                   "(queue / compute ms per request, mean batch) |", "|---|---|---:|---:|---:|---:|---|"]
@@ -307,7 +319,8 @@ def plot(pipe: Pipeline, result: dict, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--pipelines", nargs="+", choices=sorted(PIPELINES), default=["text", "image"])
+    parser.add_argument("--pipelines", nargs="+", default=["text", "image"],
+                        help="spec names (models/*.toml) or text/image; make perf MODEL=<name> passes one")
     parser.add_argument("--quick", action="store_true", help="c=1,8,16, one repeat, no FP32 ensembles")
     parser.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (default 1 4 8 16 32)")
     parser.add_argument("--repeats", type=int)
@@ -337,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(settings, "concurrencies" if key == "concurrency" else key, value)
     out_dir = args.out or RESULTS / time.strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = {name: run_pipeline(PIPELINES[name], settings, out_dir) for name in args.pipelines}
+    results = {name: run_pipeline(pipeline(name), settings, out_dir) for name in args.pipelines}
     command = "python perf/lab.py " + " ".join(sys.argv[1:] if argv is None else argv)
     files = write_outputs(out_dir, results, settings, command.strip())
     print(files["md"].read_text())
@@ -359,7 +372,7 @@ def gate_ratios(name: str, repeats: int = 2, measurement_ms: int = 2000, seconds
     from tritonkit.perf import run_perf_analyzer
     from tritonkit.server import TritonServer
 
-    pipe, spec = PIPELINES[name], GATE[name]
+    pipe, spec = pipeline(name), GATE[name]
     build.build(name, progress=False)
     ensemble = pipe.workloads[0]
     served, base = [], []

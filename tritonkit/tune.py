@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("model", choices=["text_embedding", "image_classification"], help="ensemble to tune")
+    parser.add_argument("model", help="ensemble to tune: a spec name (models/*.toml)")
     parser.add_argument("--p99-ms", type=float, required=True, help="p99 latency budget (ms)")
     parser.add_argument("--profile", default="tuned", help="profile name to write (default: tuned)")
     parser.add_argument("--minutes", type=float, default=15.0, help="search time budget (default 15)")
@@ -354,8 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.profile.replace("_", "").replace("-", "").isalnum() or args.profile == "config":
         parser.error(f"--profile: '{args.profile}' must be letters, digits, '-' or '_' (and not 'config')")
 
-    pipeline = next(p for p in lab.PIPELINES.values() if p.workloads[0].model == args.model)
-    from tritonkit import build
+    from tritonkit import build, kinds
+
+    if args.model not in kinds.names():
+        parser.error(f"model '{args.model}' is not a spec (known: {', '.join(kinds.names())})")
+    pipeline = lab.pipeline(args.model)
 
     build.build(pipeline.name, progress=False)
     out_dir = RESULTS / f"tune-{args.model}-{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
