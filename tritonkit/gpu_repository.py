@@ -33,6 +33,8 @@ DEFAULT_OUT = paths.BUILD_DIR / "gpu_repository"
 # Embedded step → its torch_cuda replacement; the ensembles are rewired to the new names.
 SWAPS = {"text_encoder": "text_encoder_cuda", "image_classifier": "image_classifier_cuda"}
 ENSEMBLES = ("text_embedding", "image_classification")
+# The specs (models/<name>.toml) whose weights and architecture the torch_cuda steps are built from.
+TEXT_SPEC, IMAGE_SPEC = ENSEMBLES
 CPU_STEPS = ("tokenizer", "image_preprocess")
 # Parameters of our onnxruntime backend that mean nothing to torch_cuda (pad_value.* carries over).
 ORT_ONLY = ("intra_op_thread_count", "inter_op_thread_count", "ragged_max_padding", "arena_release_batch",
@@ -66,16 +68,28 @@ def _place(src: Path, dst: Path) -> None:
 
 def _text_source(weights: str) -> tuple[Path, Path | None]:
     """(HF config.json, state dict or None) of the text spec's encoder."""
-    from tritonkit.models import minilm
+    from tritonkit import kinds
 
-    model_dir = minilm.model_dir()
+    kind = kinds.get(TEXT_SPEC)
+    if kind.spec.facts.architecture != "bert":
+        raise GpuRepositoryError("text", f"spec '{TEXT_SPEC}' is {kind.spec.facts.architecture}; torch_cuda "
+                                         "builds BERT encoders only")
+    model_dir = kind.model_dir()
     return model_dir / "config.json", (model_dir / "model.safetensors" if weights == "pretrained" else None)
 
 
 def _image_source(weights: str) -> tuple[str, Path | None]:
-    from tritonkit.models import efficientnet_lite0 as spec
+    """(EfficientNet-Lite architecture name, state dict or None) of the image spec's classifier."""
+    from tritonkit import kinds
+    from tritonkit.kinds.loaders import package_file
 
-    return spec.ARCH, (spec.weights_path() if weights == "pretrained" else None)
+    source = kinds.get(IMAGE_SPEC).spec.source
+    if not source.loader.endswith(":efficientnet_lite"):
+        raise GpuRepositoryError("image", f"spec '{IMAGE_SPEC}' loads with {source.loader}; torch_cuda builds "
+                                          "EfficientNet-Lite classifiers only")
+    ref = source.args["weights"]
+    state = (package_file(ref) if ":" in ref else Path(ref)) if weights == "pretrained" else None
+    return source.args["arch"], state
 
 
 def _labels(source: Path, dest: Path) -> None:
@@ -83,9 +97,9 @@ def _labels(source: Path, dest: Path) -> None:
     if built.exists():
         _place(built, dest)
         return
-    from tritonkit.models import efficientnet_lite0 as spec
+    from tritonkit import kinds
 
-    dest.write_text("\n".join(spec.labels()) + "\n")
+    kinds.get(IMAGE_SPEC).write_labels(dest)
 
 
 def _cuda_step(cfg: mc.ModelConfig, name: str, kind: str, instances: int, precision: str) -> None:
@@ -137,7 +151,7 @@ def build(out: Path = DEFAULT_OUT, precision: str = "fp16", kind: str = "gpu", i
         version.mkdir(parents=True)
         for src in (source / model / "1").glob("*.py"):
             shutil.copy2(src, version / src.name)
-        ref = param(_as_dict(cfg), "tokenizer_file")
+        ref = param(params_json(cfg), "tokenizer_file")
         if ref:
             # The tokenizer file travels with the repository: the serving host needs no model package.
             _place(resolve(ref, source / model), out / model / "tokenizer.json")
@@ -171,7 +185,7 @@ def build(out: Path = DEFAULT_OUT, precision: str = "fp16", kind: str = "gpu", i
     written[image.name] = ("image_classifier", image)
 
     for name, (src_name, cfg) in written.items():
-        what = (f"torch_cuda backend, {kind.upper()} {precision.upper()}, weights: {param(_as_dict(cfg), 'weights')}"
+        what = (f"torch_cuda backend, {kind.upper()} {precision.upper()}, weights: {param(params_json(cfg), 'weights')}"
                 if cfg.backend == "torch_cuda" else "as committed, steps renamed to the torch_cuda models"
                 if cfg.platform == "ensemble" else "as committed")
         (out / name).mkdir(parents=True, exist_ok=True)
@@ -181,8 +195,8 @@ def build(out: Path = DEFAULT_OUT, precision: str = "fp16", kind: str = "gpu", i
     return out
 
 
-def _as_dict(cfg: mc.ModelConfig) -> dict:
-    """The `parameters` of a config in the JSON shape backends see (what backend_utils.param reads)."""
+def params_json(cfg: mc.ModelConfig) -> dict:
+    """A config's `parameters` in the JSON shape backends see (what backend_utils.param reads)."""
     return {"parameters": {k: {"string_value": v.string_value} for k, v in cfg.parameters.items()}}
 
 

@@ -35,36 +35,89 @@ class ModuleConfigError(ValueError):
 
 
 def _bert_mean_pooled(arch_config: Path, weights: Path | None):
-    import torch
-    from transformers import AutoConfig, AutoModel
+    """BERT (HF parameter names, so the spec's checkpoint loads as is) → mean pooling → L2 norm, in plain torch:
+    attention through torch's SDPA kernels, and no transformers import in the serving process (its import chain
+    pulls in packages built against a newer numpy than the Python backend's stub accepts)."""
+    import json
 
-    config = AutoConfig.from_pretrained(str(arch_config))
-    # SDPA: fused attention kernels on CUDA; the padding mask goes in as an additive bias.
-    bert = AutoModel.from_config(config, attn_implementation="sdpa")
+    import torch
+    from torch import nn
+
+    c = json.loads(Path(arch_config).read_text())
+    if c.get("hidden_act", "gelu") != "gelu" or c.get("position_embedding_type", "absolute") != "absolute":
+        raise ModuleConfigError("arch_config", f"{arch_config.name}: only absolute positions and exact GELU")
+    width, heads, eps = c["hidden_size"], c["num_attention_heads"], c.get("layer_norm_eps", 1e-12)
+
+    def linear(n_in: int, n_out: int) -> nn.Linear:
+        return nn.Linear(n_in, n_out)
+
+    def dense_norm(n_in: int) -> nn.Module:
+        block = nn.Module()
+        block.dense, block.LayerNorm = linear(n_in, width), nn.LayerNorm(width, eps=eps)
+        return block
+
+    def layer() -> nn.Module:
+        blk = nn.Module()
+        blk.attention = nn.Module()
+        blk.attention.self = nn.Module()
+        for name in ("query", "key", "value"):
+            setattr(blk.attention.self, name, linear(width, width))
+        blk.attention.output = dense_norm(width)
+        blk.intermediate = nn.Module()
+        blk.intermediate.dense = linear(width, c["intermediate_size"])
+        blk.output = dense_norm(c["intermediate_size"])
+        return blk
+
+    class MeanPooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings = nn.Module()
+            self.embeddings.word_embeddings = nn.Embedding(c["vocab_size"], width)
+            self.embeddings.position_embeddings = nn.Embedding(c["max_position_embeddings"], width)
+            self.embeddings.token_type_embeddings = nn.Embedding(c.get("type_vocab_size", 2), width)
+            self.embeddings.LayerNorm = nn.LayerNorm(width, eps=eps)
+            self.encoder = nn.Module()
+            self.encoder.layer = nn.ModuleList(layer() for _ in range(c["num_hidden_layers"]))
+            # Unused by the embedding; kept so the checkpoint loads strictly.
+            self.pooler = nn.Module()
+            self.pooler.dense = linear(width, width)
+
+        def _split(self, x, batch, length):
+            return x.view(batch, length, heads, width // heads).transpose(1, 2)
+
+        def forward(self, input_ids, attention_mask):
+            batch, length = input_ids.shape
+            emb = self.embeddings
+            positions = torch.arange(length, device=input_ids.device)
+            # Single sentences: token type 0 everywhere (as the exported graph does).
+            x = (emb.word_embeddings(input_ids) + emb.position_embeddings(positions)
+                 + emb.token_type_embeddings.weight[0])
+            x = emb.LayerNorm(x)
+            # Padded keys get the most negative value of the dtype, as HF's extended mask does.
+            bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+            for blk in self.encoder.layer:
+                att = blk.attention.self
+                q, k, v = (self._split(getattr(att, n)(x), batch, length) for n in ("query", "key", "value"))
+                a = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+                a = a.transpose(1, 2).reshape(batch, length, width)
+                x = blk.attention.output.LayerNorm(x + blk.attention.output.dense(a))
+                h = nn.functional.gelu(blk.intermediate.dense(x))
+                x = blk.output.LayerNorm(x + blk.output.dense(h))
+            # Pool and normalise in FP32: FP16 sums over 256 tokens lose digits the embedding keeps.
+            hidden = x.float()
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return (nn.functional.normalize(pooled, p=2.0, dim=1),)
+
+    model = MeanPooled()
     if weights is not None:
-        state = _read_state(weights)
-        missing, unexpected = bert.load_state_dict(state, strict=False)
-        # position_ids is a non-persistent buffer in current transformers; older checkpoints still carry it.
-        unexpected = [k for k in unexpected if not k.endswith("position_ids")]
+        # position_ids is a buffer older checkpoints carry; positions are computed here.
+        state = {k: v for k, v in _read_state(weights).items() if not k.endswith("position_ids")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ModuleConfigError("weights", f"{weights.name} does not fit {arch_config.name}: "
                                                f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-    class MeanPooled(torch.nn.Module):
-        def __init__(self, bert):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids, attention_mask):
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
-            # Pool and normalise in FP32: FP16 sums over 256 tokens lose digits the embedding keeps.
-            hidden = hidden.float()
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return (torch.nn.functional.normalize(pooled, p=2.0, dim=1),)
-
-    return MeanPooled(bert)
+    return model
 
 
 def _efficientnet_lite(arch: str, weights: Path | None):

@@ -6,8 +6,9 @@ classifier run here instead of in onnxruntime on the CPU. Batching as in backend
 execute() runs as one forward pass (ragged inputs right-padded to the longest), outputs are split back; a request
 whose tensors do not fit fails alone, and if the batched pass fails the requests are retried one by one.
 
-Config parameters: see tritonkit/torch_serving.py; also `pad_value.<INPUT>` (default 0) and `warmup` ("1": run
-every batch size up to max_batch_size once at load, so cuDNN's per-shape autotuning stays out of served requests).
+Config parameters: see tritonkit/torch_serving.py; also `pad_value.<INPUT>` (default 0) and `warmup` ("1", the
+default: one pass at batch 1 and at max_batch_size at load, so CUDA context, kernel loading and the caching
+allocator's growth stay out of served requests).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class TritonPythonModel:
                                                     "no CUDA device")
             self.device = f"cuda:{int(args['model_instance_device_id'])}"
             torch.cuda.set_device(self.device)
-            # Shapes change with every dynamic batch: autotuning pays off only for the warmed-up batch sizes.
-            torch.backends.cudnn.benchmark = param(self.config, "warmup", "1") == "1"
+            # Shapes change with every dynamic batch, and cuDNN's autotuning of each new shape stalled the load
+            # (64 batch sizes x 2 instances took over 180 s): heuristic algorithm choice instead.
+            torch.backends.cudnn.benchmark = False
         else:
             self.device = "cpu"
         version_dir = Path(args["model_repository"]) / args["model_version"]
@@ -65,7 +67,7 @@ class TritonPythonModel:
             self._warmup()
 
     def _warmup(self) -> None:
-        for rows in range(1, self.max_batch_size + 1):
+        for rows in sorted({1, self.max_batch_size}):
             feeds = {}
             for spec in self.inputs:
                 shape = [rows] + [d if d > 0 else 16 for d in spec["dims"]]
