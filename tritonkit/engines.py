@@ -327,10 +327,10 @@ def fp16_cast(src: Path, dst: Path) -> Path:
     # The converter names its I/O casts after the consuming nodes: unnamed nodes would give duplicate casts.
     for i, node in enumerate(model.graph.node):
         node.name = node.name or f"{node.op_type}_{i}"
-    # Cast nodes stay FP32 (casts inserted around them): the converter retypes a Cast's output without its `to`,
-    # which ONNX Runtime then refuses to load (seen on the text encoder's mask Cast).
+    # Cast and Softmax stay FP32 (casts inserted around them): the converter retypes their outputs inconsistently
+    # and ONNX Runtime refuses the result (text encoder: the mask Cast; image classifier: the output Softmax).
     model = float16.convert_float_to_float16(model, keep_io_types=True,
-                                             op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, "Cast"])
+                                             op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, "Cast", "Softmax"])
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     return dst

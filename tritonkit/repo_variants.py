@@ -204,10 +204,11 @@ def native_onnxruntime(cfg: mc.ModelConfig) -> None:
 
 
 def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY, gpu: bool = True,
-             target=None) -> Path:
+             target=None, only: Iterable[str] | None = None) -> Path:
     """What the NGC container loads, generated from the embedded repository: files copied (a bind mount cannot
     follow symlinks out of it), ONNX Runtime configs and their profiles in the native form, TensorRT models only
-    in the GPU view and only when their plans were built by the target server's TensorRT."""
+    in the GPU view and only when their plans were built by the target server's TensorRT. `only`: these models
+    (ensembles with their steps, as given), not the whole repository."""
     from tritonkit import engines, native_check
 
     dest, source = Path(dest), Path(source)
@@ -218,6 +219,8 @@ def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY,
     view = native_check.VIEWS["ngc-gpu" if gpu else "ngc-cpu"]
     target = target or engines.target_server()
     models = native_check.loaded_models(source, view)
+    if only is not None:
+        models = {n: c for n, c in models.items() if n in set(only)}
     dest.mkdir(parents=True)
     (dest / _GENERATED).write_text("python -m tritonkit.repo_variants ngc\n")
     for name, cfg in sorted(models.items()):
