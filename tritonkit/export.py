@@ -12,8 +12,7 @@ point and raises `ExportValidationError` listing the worst cases when any sample
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,15 +239,3 @@ def write_json(path: Path, payload: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
-
-
-def timed(label: str, fn: Callable[[], Any], log: Callable[[str], None] = print) -> Any:
-    start = time.perf_counter()
-    result = fn()
-    log(f"{label}: {time.perf_counter() - start:.1f}s")
-    return result
-
-
-def iter_batches(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

@@ -28,3 +28,23 @@ def rel(path: Path) -> str:
     """A path for messages: relative to the checkout when inside it."""
     path = Path(path)
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
+class PackageNotInstalled(LookupError):
+    """An installed Python package the project reads files from is missing."""
+
+
+def package_dir(name: str) -> Path:
+    """The folder of an installed Python package (weights, tokenizers and photos live in some)."""
+    import importlib.util
+
+    found = importlib.util.find_spec(name)
+    if found is None or not found.submodule_search_locations:
+        raise PackageNotInstalled(f"Python package '{name}' is not installed in {sys.prefix}; run `make setup`")
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def package_file(ref: str) -> Path:
+    """'package:relative/path' → that file of an installed package."""
+    package, _, rel = ref.partition(":")
+    return package_dir(package) / rel

@@ -49,13 +49,7 @@ class Source:
         if self.zip_parts:
             return extract_zip_parts(self.zip_parts) / self.subdir
         if self.package:
-            import importlib.util
-
-            found = importlib.util.find_spec(self.package)
-            if found is None or not found.submodule_search_locations:
-                raise FileNotFoundError(f"package '{self.package}' is not installed (pip install it, or "
-                                        f"`make setup`)")
-            return Path(next(iter(found.submodule_search_locations))) / self.subdir
+            return paths.package_dir(self.package) / self.subdir
         path = Path(self.dir).expanduser()
         return path if path.is_absolute() else paths.ROOT / path
 

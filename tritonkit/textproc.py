@@ -7,7 +7,6 @@ testable) outside a stub; each model adds its own name to messages and wraps the
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit.backend_utils import param
+from tritonkit.paths import package_file
 
 
 class BadText(ValueError):
@@ -27,11 +27,7 @@ def resolve(ref: str, model_dir: Path) -> Path:
     Raises LookupError naming the package when it is not installed.
     """
     if ":" in ref:
-        package, rel = ref.split(":", 1)
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise LookupError(f"package '{package}' is not installed")
-        return Path(next(iter(spec.submodule_search_locations))) / rel
+        return package_file(ref)
     return Path(model_dir) / ref
 
 

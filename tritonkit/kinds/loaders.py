@@ -6,16 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def package_file(ref: str) -> Path:
-    """'package:relative/path' → the file inside an installed package."""
-    import importlib.util
-
-    package, _, rel = ref.partition(":")
-    found = importlib.util.find_spec(package)
-    if found is None or not found.submodule_search_locations:
-        raise FileNotFoundError(f"package '{package}' is not installed (it holds {rel})")
-    return Path(next(iter(found.submodule_search_locations))) / rel
+from tritonkit.paths import package_file
 
 
 def _state_dict(weights: str):
