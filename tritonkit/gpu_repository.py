@@ -81,7 +81,7 @@ def _text_source(weights: str) -> tuple[Path, Path | None]:
 def _image_source(weights: str) -> tuple[str, Path | None]:
     """(EfficientNet-Lite architecture name, state dict or None) of the image spec's classifier."""
     from tritonkit import kinds
-    from tritonkit.kinds.loaders import package_file
+    from tritonkit.paths import package_file
 
     source = kinds.get(IMAGE_SPEC).spec.source
     if not source.loader.endswith(":efficientnet_lite"):
