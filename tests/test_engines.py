@@ -144,6 +144,7 @@ def test_trt_config_generation(tmp_path):
     assert embedded_models(repo) == (["enc", "pipe"], ["enc_trt_int8", "pipe_trt_int8"])
 
 
+@pytest.mark.slow  # over 30 s: its open HTTP client holds the 30 s drain on stop
 def test_embedded_server_serves_onnx_beside_tensorrt_variants(tmp_path, start_server):
     """A repository holding TensorRT variants still starts on the embedded server, serving the ORT models."""
     import tritonclient.http as httpclient

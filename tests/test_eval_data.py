@@ -87,6 +87,7 @@ def test_no_calibration_text_in_corpus(corpus):
     assert not [t.text for t in corpus if " ".join(_words(t.text)) in exact]
 
 
+@pytest.mark.slow  # rebuilds the whole corpus from the installed packages
 def test_maker_reproduces_committed_corpus():
     """The committed file is what the maker makes from the installed packages (seeded, no hidden edits)."""
     rows = make_eval_corpus.build()
