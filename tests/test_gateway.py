@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import base64
+import json
+import os
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -32,11 +35,11 @@ def server(start_server):
     return start_text_server(start_server)
 
 
-def _start_gateway(server, *extra: str):
+def _start_gateway(server, *extra: str, env: dict | None = None):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tritonkit_client.gateway", "--port", str(port), "--triton", server.grpc_url, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -111,12 +114,14 @@ def test_overload_is_answered_429_not_queued(server):
     outcomes: list[str] = []
 
     def call():
+        # No assert here: an AssertionError in a thread is only a warning. Record, and assert below.
         try:
             client.embeddings.create(input=TEXTS * 20, model="all-MiniLM-L6-v2")
             outcomes.append("ok")
         except openai.RateLimitError as err:
-            assert "limit of 1" in str(err)
-            outcomes.append("429")
+            outcomes.append("429" if "limit of 1" in str(err) else f"429 without the limit: {err}")
+        except Exception as err:  # anything else is a failure, reported by the assert below
+            outcomes.append(f"{type(err).__name__}: {err}")
 
     try:
         threads = [threading.Thread(target=call) for _ in range(8)]
@@ -127,4 +132,50 @@ def test_overload_is_answered_429_not_queued(server):
     finally:
         proc.terminate()
         proc.wait(10)
-    assert "ok" in outcomes and "429" in outcomes, outcomes
+    assert len(outcomes) == 8 and set(outcomes) == {"ok", "429"}, outcomes
+
+
+KEY = "tk-test-7f3a9c"
+
+
+def _raw_status(port: int, path: str, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_api_key_is_required_and_checked(server, tmp_path, source):
+    key_file = tmp_path / "gateway-key"
+    key_file.write_text(KEY + "\n")
+    if source == "env":
+        proc, port = _start_gateway(server, env={"TRITONKIT_GATEWAY_API_KEY": KEY})
+    else:
+        proc, port = _start_gateway(server, "--api-key-file", str(key_file))
+    try:
+        assert KEY not in " ".join(proc.args)  # never on the command line
+        base = f"http://127.0.0.1:{port}/v1"
+        good = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+        want = _direct(server, TEXTS[:1]).vectors[0]
+        np.testing.assert_allclose(good.embeddings.create(input=TEXTS[0], model="all-MiniLM-L6-v2")
+                                   .data[0].embedding, want, atol=1e-6)
+        for wrong in ("nope", KEY[:-1], KEY + "x"):
+            with pytest.raises(openai.AuthenticationError) as info:
+                openai.OpenAI(base_url=base, api_key=wrong, max_retries=0).embeddings.create(
+                    input="x", model="all-MiniLM-L6-v2")
+            assert info.value.status_code == 401
+            assert info.value.body["code"] == "invalid_api_key" and info.value.body["type"] == "invalid_request_error"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key=KEY, max_retries=0).models.with_raw_response.list(
+                extra_headers={"Authorization": ""})
+        status, body = _raw_status(port, "/v1/models")  # no Authorization header at all
+        assert status == 401 and set(body["error"]) == {"message", "type", "param", "code"}, body
+        assert body["error"]["code"] == "missing_api_key"
+        assert _raw_status(port, "/v1/models", {"Authorization": f"Bearer {KEY}"})[0] == 200
+        assert _raw_status(port, "/health")[0] == 200  # probes need no key
+    finally:
+        proc.terminate()
+        proc.wait(10)

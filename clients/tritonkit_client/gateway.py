@@ -5,14 +5,22 @@ Speaks the protocol LangChain, LlamaIndex and the OpenAI SDKs use: `input` (stri
 server's tokenizer. At most `max_in_flight` requests are forwarded at once; beyond that the gateway answers 429
 at once (with Retry-After) instead of queueing without bound.
 
-    python -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:8001
+Optional API key, as the OpenAI SDKs send it (`Authorization: Bearer <key>`): taken from $TRITONKIT_GATEWAY_API_KEY
+or from the file named by --api-key-file (never from the command line, where `ps` shows it). With a key set, every
+/v1/ route answers 401 with an OpenAI-shaped error to a request without it or with another; /health stays open for
+probes.
+
+    TRITONKIT_GATEWAY_API_KEY=... python -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:8001
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import hmac
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 from aiohttp import web
@@ -23,6 +31,7 @@ from tritonkit_client.text import MODEL, embed_async
 DIMENSIONS = 384
 MODEL_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", MODEL)
 MAX_INPUTS = 2048  # OpenAI's own per-request limit
+API_KEY_ENV = "TRITONKIT_GATEWAY_API_KEY"
 
 
 class RequestError(ValueError):
@@ -75,10 +84,25 @@ def shorten(vectors: np.ndarray, dims: int) -> np.ndarray:
     return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
 
 
+def load_api_key(key_file: str | None = None, env: dict | None = None) -> str | None:
+    """The gateway's API key: the file's content (stripped) if a file is named, else $TRITONKIT_GATEWAY_API_KEY,
+    else None (no authentication). An empty key is refused: it would look set and match nothing useful."""
+    if key_file:
+        key = Path(key_file).read_text().strip()
+        if not key:
+            raise ValueError(f"--api-key-file {key_file} is empty")
+        return key
+    key = (os.environ if env is None else env).get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ValueError(f"${API_KEY_ENV} is set but empty")
+    return key.strip() if key else None
+
+
 class Gateway:
     def __init__(self, triton_url: str, protocol: str = "grpc", max_in_flight: int = 64,
-                 batch_size: int = 32, concurrency: int = 8, triton_model: str = MODEL):
+                 batch_size: int = 32, concurrency: int = 8, triton_model: str = MODEL, api_key: str | None = None):
         self.triton_url, self.protocol, self.triton_model = triton_url, protocol, triton_model
+        self._api_key = api_key.encode() if api_key else None
         self.max_in_flight, self.batch_size, self.concurrency = max_in_flight, batch_size, concurrency
         self.in_flight = 0
         self.rejected = 0
@@ -91,8 +115,22 @@ class Gateway:
         if self.client:
             await self.client.close()
 
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler):
+        if self._api_key is None or not request.path.startswith("/v1/"):
+            return await handler(request)
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return _error(401, "You didn't provide an API key: send 'Authorization: Bearer <key>'.", kind=
+                          "invalid_request_error", code="missing_api_key", headers={"WWW-Authenticate": "Bearer"})
+        # Constant time: the answer's timing must not tell how much of a guessed key was right.
+        if not hmac.compare_digest(given.strip().encode(), self._api_key):
+            return _error(401, "Incorrect API key provided.", kind="invalid_request_error", code="invalid_api_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=32 * 1024 * 1024)
+        app = web.Application(client_max_size=32 * 1024 * 1024, middlewares=[self._authenticate])
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
@@ -152,10 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton", default="127.0.0.1:8001", help="Triton gRPC address")
     parser.add_argument("--max-in-flight", type=int, default=64, help="answer 429 beyond this many requests")
     parser.add_argument("--batch-size", type=int, default=32, help="texts per Triton request")
+    parser.add_argument("--api-key-file", default="",
+                        help=f"file holding the API key clients must send (default: ${API_KEY_ENV}; none: open)")
     args = parser.parse_args(argv)
-    gateway = Gateway(args.triton, max_in_flight=args.max_in_flight, batch_size=args.batch_size)
+    try:
+        api_key = load_api_key(args.api_key_file or None)
+    except (OSError, ValueError) as err:
+        parser.error(str(err))
+    gateway = Gateway(args.triton, max_in_flight=args.max_in_flight, batch_size=args.batch_size, api_key=api_key)
     started = time.strftime("%H:%M:%S")
-    print(f"[{started}] OpenAI-compatible embeddings at http://{args.host}:{args.port}/v1 → Triton {args.triton}")
+    auth = "API key required" if api_key else f"no API key (set ${API_KEY_ENV} or --api-key-file)"
+    print(f"[{started}] OpenAI-compatible embeddings at http://{args.host}:{args.port}/v1 → Triton {args.triton}; "
+          f"{auth}")
     web.run_app(gateway.app(), host=args.host, port=args.port, print=None)
     return 0
 
