@@ -1,7 +1,7 @@
 """CI perf gate: served throughput must stay above a ratio of the in-process baseline measured in the same run.
 
 Ratios, not absolute numbers: a slower or busier CI machine slows both sides. The thresholds (tritonkit.lab.GATE)
-sit well under the ratios measured on the development machine; README "CI perf gate" gives the spread seen.
+sit well under the ratios measured on the development machine; docs/performance.md ("CI perf gate") has the spread.
 """
 
 from __future__ import annotations
