@@ -114,3 +114,18 @@ def test_image_add_checks_the_loader_and_labels(tmp_path):
     with pytest.raises(add.AddError, match="no attribute"):
         add.image_spec("x", f"{loader.rsplit(':', 1)[0]}:nope", {}, 96, None, [0.0] * 3, [1.0] * 3, "imagenet",
                        1000, 16)
+
+
+def test_an_fp32_fallback_shows_in_the_int8_models_config(st_dir, tmp_path):
+    import json
+
+    from tritonkit import int8
+
+    path = add.add(add.text_spec("tiny_fb", str(st_dir), 32), directory=tmp_path)
+    kind = kinds.from_spec(specs.load(path))
+    plain = {e.config.name: e.config for e in kind.repository()}["tiny_fb_encoder"]
+    assert "tritonkit_precision" not in plain.parameters
+    int8.recipe_path(kind).write_text(json.dumps({"served": {"status": int8.FALLBACK, "recipe": None}}))
+    config = {e.config.name: e.config for e in kind.repository()}["tiny_fb_encoder"]
+    assert config.parameters["tritonkit_precision"].startswith("fp32-fallback")
+    assert "tritonkit_precision" in config.to_pbtxt()

@@ -33,7 +33,9 @@ class GateError(RuntimeError):
 
 
 def recipe_path(spec) -> Path:
-    return RECIPES / f"{spec.NAME}.int8.json"
+    """Beside the model's spec file (the recipe is one more of its facts)."""
+    file = getattr(getattr(spec, "spec", None), "file", None)
+    return (Path(file).parent if file else RECIPES) / f"{spec.NAME}.int8.json"
 
 
 def report_path(spec, form: str = "served") -> Path:

@@ -67,6 +67,9 @@ class TritonPythonModel:
             f"{self.name}: onnxruntime threads intra_op={options.intra_op_num_threads} "
             f"inter_op={options.inter_op_num_threads} (usable CPUs {usable_cpus()})"
         )
+        precision = param(self.config, "tritonkit_precision", "")
+        if precision:  # an INT8 model name serving the FP32 graph: say so wherever operators look
+            pb_utils.Logger.log_warn(f"{self.name}: SERVING FP32 UNDER AN INT8 NAME: {precision}")
         # Ids past an embedding table fail inside session.run with an opaque message: check them up front.
         self.index_limits = index_limits(model_path)
 
