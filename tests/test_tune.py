@@ -268,6 +268,7 @@ def smoke_ensemble(smoke_repository, tmp_path) -> Path:
     return repo
 
 
+@pytest.mark.slow  # perf_analyzer up a concurrency ladder, twice
 def test_measure_climbs_the_ladder_and_scores_the_best_throughput_within_budget(smoke_ensemble, tmp_path):
     data = write_input_data(tmp_path / "input.json",
                             [{"X": {"content": [float(i), 1.0, 2.0, 3.0], "shape": [4]}} for i in range(4)])
