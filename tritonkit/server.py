@@ -370,15 +370,15 @@ class TritonServer:
         """Restart a READY model's instances. A plain load of a READY model whose files did not change is only a
         config update in Triton 2.51 (no instance restarts, the dead stub stays dead), so the served config is
         loaded back with a changed `tritonkit_reload` parameter, which forces a full reload."""
-        try:
+        config = None
+        if self.model_states().get(model, ("",))[0] == "READY":  # otherwise (a failed reload) a plain load is full
             with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as r:
                 config = json.load(r)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            config = None  # not READY (e.g. a failed reload): a plain load is a full load
-        if config is not None:
             self._reloads += 1
             config.setdefault("parameters", {})["tritonkit_reload"] = {"string_value": str(self._reloads)}
         self.load_model(model, config=config)
+        if self.process is not None and not any(m == model for _, m in _stubs_of(self.process.pid).values()):
+            raise RuntimeError("the load returned but the model has no live stub")
 
     def model_states(self) -> dict[str, tuple[str, str]]:
         """Model name → (state, reason) from the restricted repository index (a READY version wins)."""
