@@ -179,3 +179,32 @@ def test_api_key_is_required_and_checked(server, tmp_path, source):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_every_served_text_model_is_offered_under_its_own_name(server, gateway):
+    listed = {m.id for m in gateway.models.list()}
+    assert {"text_embedding", "text_embedding_fp32", "all-MiniLM-L6-v2"} <= listed
+    assert not listed & {"tokenizer", "text_encoder"}, "only text-in, embedding-out models are embedding models"
+    fp32 = gateway.embeddings.create(input=TEXTS[0], model="text_embedding_fp32")
+    with Client(server.grpc_url, protocol="grpc") as client:
+        want = embed([TEXTS[0]], client=client, model="text_embedding_fp32").vectors[0]
+    np.testing.assert_allclose(fp32.data[0].embedding, want, atol=1e-6)
+    assert fp32.model == "text_embedding_fp32"
+
+
+def test_dimensions_are_bounded_by_each_models_width():
+    from tritonkit_client.gateway import RequestError, parse_request, text_models
+
+    def config(width, out="embedding", in_type="TYPE_STRING"):
+        return {"input": [{"name": "text", "data_type": in_type, "dims": [1]}],
+                "output": [{"name": out, "data_type": "TYPE_FP32", "dims": [width]}]}
+
+    served = text_models({"big": config(768), "small": config(32), "ids": config(8, out="input_ids"),
+                          "tensor": config(4, in_type="TYPE_FP32")})
+    assert served == {"big": 768, "small": 32}
+    assert parse_request({"input": "x", "model": "big", "dimensions": 700}, served)[3] == 700
+    assert parse_request({"input": "x", "model": "small"}, served)[3] == 32
+    with pytest.raises(RequestError, match=r"1\.\.32 for model 'small'"):
+        parse_request({"input": "x", "model": "small", "dimensions": 33}, served)
+    with pytest.raises(RequestError, match="this server has big, small"):
+        parse_request({"input": "x", "model": "text_embedding"}, served)

@@ -83,6 +83,16 @@ class _ClientBase:
 
     _MODULE_SUFFIX = ""  # ".aio" for the asyncio clients
 
+    def _translate(self, model: str, err: Exception) -> Exception:
+        """A connection failure → ServerUnavailable; the server's refusal → ClientError naming the model."""
+        from tritonclient.utils import InferenceServerException
+
+        if _is_connection_error(err):
+            return self.endpoint.down(err)
+        if isinstance(err, InferenceServerException):
+            return ClientError(f"{model}: {err.message() if hasattr(err, 'message') else err}")
+        return err
+
     def __init__(self, url: str | None, protocol: str, timeout_s: float):
         self.endpoint = Endpoint(url, protocol, timeout_s)
 
@@ -131,30 +141,14 @@ class Client(_ClientBase):
               class_count: dict[str, int] | None = None, shared_memory: bool = False) -> dict[str, np.ndarray]:
         """class_count: top-k via the classification extension per output; shared_memory: send inputs through
         system shared memory regions (server on the same host) instead of the request body."""
-        from tritonclient.utils import InferenceServerException
-
-        module = self._module()
-        tensors = []
-        for name, array in inputs.items():
-            array = _as_triton_array(np.asarray(array))
-            t = module.InferInput(name, list(array.shape), _numpy_to_triton(array))
-            t.set_data_from_numpy(array)
-            tensors.append(t)
-        requested = _requested(module, outputs, class_count)
+        tensors, requested, regions = _request(self._module(), inputs, outputs, class_count, shared_memory)
         kwargs = {"client_timeout": self.endpoint.timeout_s} if self.protocol == "grpc" else {}
-        regions = _SystemShm(tensors, inputs) if shared_memory else None
         try:
             if regions:
                 regions.register(self._client())
             result = self._client().infer(model, tensors, outputs=requested, **kwargs)
-        except InferenceServerException as err:
-            if _is_connection_error(err):
-                raise self.endpoint.down(err) from None
-            raise ClientError(f"{model}: {err.message() if hasattr(err, 'message') else err}") from None
         except Exception as err:
-            if _is_connection_error(err):
-                raise self.endpoint.down(err) from None
-            raise
+            raise self._translate(model, err) from None
         finally:
             if regions:
                 regions.release(self._client())
@@ -183,6 +177,19 @@ class Client(_ClientBase):
         self.close()
 
 
+def _request(module, inputs: dict[str, np.ndarray], outputs: Sequence[str], class_count: dict[str, int] | None,
+             shared_memory: bool):
+    """InferInputs, requested outputs and (optionally) shared-memory regions: one builder for both clients."""
+    tensors = []
+    for name, array in inputs.items():
+        array = _as_triton_array(np.asarray(array))
+        t = module.InferInput(name, list(array.shape), _numpy_to_triton(array))
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    regions = _SystemShm(tensors, inputs) if shared_memory else None
+    return tensors, _requested(module, outputs, class_count), regions
+
+
 class AsyncClient(_ClientBase):
     """asyncio client (tritonclient.http.aio / tritonclient.grpc.aio)."""
 
@@ -208,33 +215,34 @@ class AsyncClient(_ClientBase):
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray], outputs: Sequence[str],
                     class_count: dict[str, int] | None = None, shared_memory: bool = False) -> dict[str, np.ndarray]:
-        from tritonclient.utils import InferenceServerException
-
-        module = self._module()
-        tensors = []
-        for name, array in inputs.items():
-            array = _as_triton_array(np.asarray(array))
-            t = module.InferInput(name, list(array.shape), _numpy_to_triton(array))
-            t.set_data_from_numpy(array)
-            tensors.append(t)
-        requested = _requested(module, outputs, class_count)
-        regions = _SystemShm(tensors, inputs) if shared_memory else None
+        tensors, requested, regions = _request(self._module(), inputs, outputs, class_count, shared_memory)
         try:
             if regions:
                 await regions.register_async(self._get())
             result = await self._get().infer(model, tensors, outputs=requested)
-        except InferenceServerException as err:
-            if _is_connection_error(err):
-                raise self.endpoint.down(err) from None
-            raise ClientError(f"{model}: {err.message() if hasattr(err, 'message') else err}") from None
         except Exception as err:
-            if _is_connection_error(err):
-                raise self.endpoint.down(err) from None
-            raise
+            raise self._translate(model, err) from None
         finally:
             if regions:
                 await regions.release_async(self._get())
         return {name: result.as_numpy(name) for name in outputs}
+
+    async def model_configs(self) -> dict[str, dict]:
+        """Config (JSON form) of every READY model on the server, by name."""
+        try:
+            index = await self._get().get_model_repository_index(**self._as_json())
+            models = index.get("models", []) if isinstance(index, dict) else index
+            ready = [m["name"] for m in models if m.get("state") == "READY"]
+            configs = {}
+            for name in ready:
+                cfg = await self._get().get_model_config(name, **self._as_json())
+                configs[name] = cfg.get("config", cfg)
+        except Exception as err:
+            raise self._translate("", err) from None
+        return configs
+
+    def _as_json(self) -> dict:
+        return {"as_json": True} if self.protocol == "grpc" else {}
 
     async def map(self, model: str, batches: Iterable[dict[str, np.ndarray]], outputs: Sequence[str],
                   concurrency: int = 1, **infer_kwargs) -> list[dict[str, np.ndarray]]:

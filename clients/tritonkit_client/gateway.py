@@ -1,4 +1,4 @@
-"""OpenAI-compatible `POST /v1/embeddings` in front of the `text_embedding` ensemble (aiohttp, gRPC to Triton).
+"""OpenAI-compatible `POST /v1/embeddings` for every text-embedding model a Triton server serves (aiohttp, gRPC).
 
 Speaks the protocol LangChain, LlamaIndex and the OpenAI SDKs use: `input` (string or list of strings),
 `encoding_format` (float | base64), `dimensions` (truncate, then re-normalise), `usage` token counts from the
@@ -28,8 +28,9 @@ from aiohttp import web
 from tritonkit_client.core import AsyncClient, ClientError, ServerUnavailable
 from tritonkit_client.text import MODEL, embed_async
 
-DIMENSIONS = 384
-MODEL_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", MODEL)
+# The first pipeline's model under the names OpenAI clients of sentence-transformers use.
+ALIASES = {"all-MiniLM-L6-v2": MODEL, "sentence-transformers/all-MiniLM-L6-v2": MODEL}
+REFRESH_S = 5.0  # an unknown model name re-reads the server's models at most this often
 MAX_INPUTS = 2048  # OpenAI's own per-request limit
 API_KEY_ENV = "TRITONKIT_GATEWAY_API_KEY"
 
@@ -46,8 +47,21 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
     return web.json_response(body, status=status, headers=headers)
 
 
-def parse_request(body: object) -> tuple[list[str], str, str, int]:
-    """Validate an embeddings request; errors name the field and the limit, as OpenAI's do."""
+def text_models(configs: dict[str, dict]) -> dict[str, int]:
+    """Served text-embedding models (BYTES `text` in, FP32 `embedding` out) → embedding width."""
+    out = {}
+    for name, cfg in configs.items():
+        inputs = {t["name"]: t for t in cfg.get("input", [])}
+        outputs = {t["name"]: t for t in cfg.get("output", [])}
+        text, emb = inputs.get("text"), outputs.get("embedding")
+        if text and emb and text.get("data_type") == "TYPE_STRING" and emb.get("data_type") == "TYPE_FP32":
+            out[name] = int(emb["dims"][-1])
+    return out
+
+
+def parse_request(body: object, models: dict[str, int]) -> tuple[list[str], str, str, int]:
+    """Validate an embeddings request against the served models (name → width); errors name the field and the
+    limit, as OpenAI's do."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", None)
     if "input" not in body:
@@ -63,16 +77,19 @@ def parse_request(body: object) -> tuple[list[str], str, str, int]:
             raise RequestError(f"input[{i}] must be a string (token arrays are not supported)", f"input[{i}]")
         if not text.strip():
             raise RequestError(f"input[{i}] is empty or whitespace-only", f"input[{i}]")
-    model = body.get("model", MODEL_NAMES[0])
-    if model not in MODEL_NAMES:
-        raise RequestError(f"model '{model}' does not exist; this server has {', '.join(MODEL_NAMES)}", "model",
-                           status=404, code="model_not_found")
+    model = body.get("model", MODEL)
+    if not isinstance(model, str) or ALIASES.get(model, model) not in models:
+        names = sorted(models) + sorted(a for a, m in ALIASES.items() if m in models)
+        raise RequestError(f"model '{model}' does not exist; this server has {', '.join(names) or 'none'}",
+                           "model", status=404, code="model_not_found")
+    width = models[ALIASES.get(model, model)]
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise RequestError(f"encoding_format must be 'float' or 'base64', not {encoding!r}", "encoding_format")
-    dims = body.get("dimensions", DIMENSIONS)
-    if not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= DIMENSIONS:
-        raise RequestError(f"dimensions must be an integer in 1..{DIMENSIONS}, got {dims!r}", "dimensions")
+    dims = body.get("dimensions", width)
+    if not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= width:
+        raise RequestError(f"dimensions must be an integer in 1..{width} for model '{model}', got {dims!r}",
+                           "dimensions")
     return texts, model, encoding, dims
 
 
@@ -107,9 +124,18 @@ class Gateway:
         self.in_flight = 0
         self.rejected = 0
         self.client: AsyncClient | None = None
+        self.served: dict[str, int] = {}
+        self._read_at = float("-inf")
 
     async def _startup(self, _app) -> None:
         self.client = AsyncClient(self.triton_url, protocol=self.protocol)
+
+    async def served_models(self, refresh: bool = False) -> dict[str, int]:
+        """The server's text-embedding models (name → width), re-read when asked and not read in REFRESH_S."""
+        if (refresh or not self.served) and time.monotonic() - self._read_at >= REFRESH_S:
+            self._read_at = time.monotonic()
+            self.served = text_models(await self.client.model_configs())
+        return self.served
 
     async def _cleanup(self, _app) -> None:
         if self.client:
@@ -139,8 +165,13 @@ class Gateway:
         return app
 
     async def models(self, _request: web.Request) -> web.Response:
+        try:
+            served = await self.served_models(refresh=True)
+        except ServerUnavailable as err:
+            return _error(503, str(err), kind="server_error")
+        names = sorted(served) + sorted(a for a, m in ALIASES.items() if m in served)
         return web.json_response({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "tritonkit"} for name in MODEL_NAMES]})
+            {"id": name, "object": "model", "created": 0, "owned_by": "tritonkit"} for name in names]})
 
     async def health(self, _request: web.Request) -> web.Response:
         try:
@@ -157,13 +188,19 @@ class Gateway:
         self.in_flight += 1
         try:
             try:
-                texts, model, encoding, dims = parse_request(await request.json())
+                body = await request.json()
+                served = await self.served_models()
+                if isinstance(body, dict) and ALIASES.get(body.get("model"), body.get("model")) not in served:
+                    served = await self.served_models(refresh=True)  # loaded since the last read?
+                texts, model, encoding, dims = parse_request(body, served)
             except ValueError as err:  # RequestError, or a body that is not JSON
                 if isinstance(err, RequestError):
                     return _error(err.status, str(err), err.param, code=err.code)
                 return _error(400, f"request body is not valid JSON ({err})")
+            except ServerUnavailable as err:
+                return _error(503, str(err), kind="server_error")
             try:
-                result = await embed_async(texts, client=self.client, model=self.triton_model,
+                result = await embed_async(texts, client=self.client, model=ALIASES.get(model, model),
                                            batch_size=self.batch_size, concurrency=self.concurrency)
             except ServerUnavailable as err:
                 return _error(503, str(err), kind="server_error")
