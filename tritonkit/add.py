@@ -19,14 +19,11 @@ import sys
 from pathlib import Path
 
 from tritonkit import paths, specs
+from tritonkit.errors import AddError
 from tritonkit.kinds.architectures import SourceError, inspect_directory
 
 IMAGENET_MEAN = [123.675, 116.28, 103.53]  # torchvision's ImageNet normalisation, in 0..255 pixel units
 IMAGENET_STD = [58.395, 57.12, 57.375]
-
-
-class AddError(ValueError):
-    """The model cannot be added; the message says what is missing and where."""
 
 
 def _floats(text: str, what: str) -> list[float]:

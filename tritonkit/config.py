@@ -14,14 +14,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-
-class ConfigError(ValueError):
-    """A config problem; `field` names the offending field (dotted path), `model` the config."""
-
-    def __init__(self, model: str, field: str, message: str):
-        self.model, self.field = model, field
-        super().__init__(f"{model}: {field}: {message}")
-
+from tritonkit.errors import ConfigError
 
 # -- building configs ----------------------------------------------------------------------------------------
 

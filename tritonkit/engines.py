@@ -31,14 +31,11 @@ import numpy as np
 
 from tritonkit import paths
 from tritonkit.config import load_config, to_pbtxt
+from tritonkit.errors import EngineError
 
 PRECISIONS = ("int8", "fp16")
 TIMING_CACHE = paths.ARTIFACTS / "trt_timing.cache"
 BATCH_AXIS = "batch"
-
-
-class EngineError(RuntimeError):
-    """A plan could not be built or does not match ONNX Runtime within tolerance."""
 
 
 # -- the server the plans are for ----------------------------------------------------------------------------

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonkit.errors import ExportValidationError
+
 # One validation grid point, e.g. {"batch": 8, "seq": 64} or {"batch": 4}.
 GridPoint = Mapping[str, int]
 
@@ -70,19 +72,6 @@ class Case:
         where = ",".join(f"{k}={v}" for k, v in self.point.items())
         label = f"  {self.label[:70]!r}" if self.label else ""
         return f"[{where}] row {self.row}: {self.value:.6f}{label}"
-
-
-class ExportValidationError(RuntimeError):
-    """Some samples of the exported graph differ from the reference beyond the spec's tolerance."""
-
-    def __init__(self, spec_name: str, metric: str, tolerance: float, failures: list[Case], checked: int):
-        self.spec_name, self.metric, self.tolerance = spec_name, metric, tolerance
-        self.failures, self.checked = failures, checked
-        op = ">=" if metric == "cosine" else "<="
-        lines = "\n  ".join(str(c) for c in failures)
-        super().__init__(
-            f"{spec_name}: {len(failures)} of {checked} samples miss {metric} {op} {tolerance}; worst:\n  {lines}"
-        )
 
 
 @dataclass

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from tritonkit.errors import ImageInputError
+
 FORMATS = ("JPEG", "PNG", "WEBP")
 _ORIENTATION = 0x0112  # EXIF tag
 # EXIF orientation → the transpose that shows the stored pixels upright (as ImageOps.exif_transpose does).
@@ -38,10 +40,6 @@ _UPRIGHT = {
 }
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _WIDE_GREY_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # 16-bit grey PNG (Pillow's convert() clips these)
-
-
-class ImageInputError(ValueError):
-    """One input image cannot be used; the message names the field and, where one applies, the limit."""
 
 
 @dataclass(frozen=True)

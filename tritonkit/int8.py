@@ -20,16 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tritonkit import envinfo, paths
+from tritonkit.errors import GateError  # noqa: F401 - raised here, importable from here
 from tritonkit.search import Evaluator, Recipe, Search, missed, speedup
 
 RECIPES = paths.SPECS
 REPORTS = paths.REPORTS
 FORMS = {"served": ("int8", "uint8"), "tensorrt": ("int8",)}
 FALLBACK = "fp32-fallback"
-
-
-class GateError(RuntimeError):
-    """An INT8 model missed a gate, or was made on another package set or CPU; the message says how to fix it."""
 
 
 def recipe_path(spec) -> Path:

@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from tritonkit.errors import PackageNotInstalled
+
 ROOT = Path(__file__).resolve().parent.parent
 # The overrides let a second tree of specs, configs and build outputs live elsewhere (tests, experiments).
 MODEL_REPOSITORY = Path(os.environ.get("TRITONKIT_MODEL_REPOSITORY", ROOT / "model_repository"))
@@ -28,10 +30,6 @@ def rel(path: Path) -> str:
     """A path for messages: relative to the checkout when inside it."""
     path = Path(path)
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-
-
-class PackageNotInstalled(LookupError):
-    """An installed Python package the project reads files from is missing."""
 
 
 def package_dir(name: str) -> Path:

@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tritonkit import paths
-
-
-class PerfError(RuntimeError):
-    """perf_analyzer failed or is missing; the message carries its output tail."""
+from tritonkit.errors import PerfError
 
 
 @dataclass

@@ -25,11 +25,9 @@ from typing import Any
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
+from tritonkit.errors import QuantizationError
+
 Feeds = dict[str, np.ndarray]
-
-
-class QuantizationError(RuntimeError):
-    """The quantized graph breaks a rule (e.g. a non-zero zero point) or the recipe does not fit the graph."""
 
 
 @dataclass

@@ -29,13 +29,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tritonkit.errors import SearchError
 from tritonkit.quantize import QuantRecipe, Target
 
 Feeds = dict[str, np.ndarray]
-
-
-class SearchError(RuntimeError):
-    """The search could not run (e.g. the graph has no quantizable unit)."""
 
 
 # -- what a model kind supplies ------------------------------------------------------------------------------

@@ -15,19 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from tritonkit import paths
+from tritonkit.errors import SpecError
 
 SPECS_DIR = paths.SPECS
 KINDS = ("text-embedding", "image-classification")
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-
-
-class SpecError(ValueError):
-    """A spec problem; `field` names the offending key (dotted), `spec` the file or model name."""
-
-    def __init__(self, spec: str, field: str, message: str):
-        self.spec, self.field = spec, field
-        super().__init__(f"{spec}: {field}: {message}")
 
 
 @dataclass

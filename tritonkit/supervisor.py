@@ -26,15 +26,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
+from tritonkit.errors import SupervisorError
 from tritonkit.server import CONTROL_HEADER, RESTRICTED_APIS, _stubs_of
 
 KEY_ENV = "TRITONKIT_CONTROL_KEY"
 # instance name -> (pid, model name), as tritonkit.server._stubs_of reports a server's Python-backend stubs.
 Stubs = Mapping[str, tuple[int, str]]
-
-
-class SupervisorError(RuntimeError):
-    """The server command cannot be supervised as given (names the flag or variable to fix)."""
 
 
 def vanished_models(known: Stubs, live: Stubs) -> set[str]:

@@ -14,11 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit.backend_utils import param
+from tritonkit.errors import BadText
 from tritonkit.paths import package_file
-
-
-class BadText(ValueError):
-    """A request's input cannot be embedded; the message names the element (`text[i] ...`)."""
 
 
 def resolve(ref: str, model_dir: Path) -> Path:

@@ -21,17 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit.backend_utils import param
+from tritonkit.errors import ModuleConfigError
 
 ARCHITECTURES = ("bert-mean-pooled", "efficientnet-lite")
 PRECISIONS = {"fp16": "float16", "fp32": "float32"}
-
-
-class ModuleConfigError(ValueError):
-    """A config parameter of a torch_cuda model is missing or wrong; `field` names it."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(f"parameters.{field}: {message}")
 
 
 def _bert_mean_pooled(arch_config: Path, weights: Path | None):

@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from tritonkit.errors import CorpusSourceError
 from tritonkit.paths import PackageNotInstalled, package_file
 
 OUT = Path(__file__).with_name("eval_corpus.jsonl")
@@ -48,10 +49,6 @@ APT_HINT = "apt-get install fortunes wordnet-base bible-kjv manpages (make setup
 
 _SENT = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(]?[A-Z])")
 _JUNK = re.compile(r"[{}\[\]<>_#\\|@$`*=~^]|https?:|\S+\.\S+\(|\w/\w|--\S|\.\.\.\.|\s{3,}")
-
-
-class CorpusSourceError(RuntimeError):
-    """A source package is missing or its files are not in the expected form."""
 
 
 def norm(text: str) -> str:

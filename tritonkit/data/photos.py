@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonkit.errors import PhotoDataError
 from tritonkit.paths import PackageNotInstalled, package_dir
 
 MANIFEST = Path(__file__).with_name("photos_manifest.tsv")
@@ -50,10 +51,6 @@ VIEWS: tuple[tuple[str, tuple[float, float, float, float], bool], ...] = (
     ("left-half", (0.0, 0.1, 0.6, 0.9), False),
     ("right-half", (0.4, 0.1, 1.0, 0.9), True),
 )
-
-
-class PhotoDataError(RuntimeError):
-    """A photo in the manifest is missing or differs from the recorded file; the message names it."""
 
 
 @dataclass(frozen=True)

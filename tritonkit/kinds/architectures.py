@@ -11,11 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonkit.errors import SourceError
 from tritonkit.specs import POOLINGS
-
-
-class SourceError(ValueError):
-    """A source directory cannot be served; the message names the missing or unsupported piece."""
 
 
 @dataclass(frozen=True)
