@@ -14,6 +14,7 @@ import argparse
 import socket
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tritonkit import paths
 
@@ -53,12 +54,18 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def check(ports: dict[str, int], host: str = "127.0.0.1", requested: list[str] | None = None) -> Preflight:
+def check(ports: dict[str, int], host: str = "127.0.0.1", requested: list[str] | None = None,
+          specs: bool = True) -> Preflight:
+    """`specs`: check the spec'd models of the project's repository (off for another --model-repository)."""
     from tritonkit import generate, int8, kinds
 
     out = Preflight()
     if not (paths.BACKEND_DIR / "python" / "libtriton_python.so").exists():
         out.errors.append(f"setup is incomplete ({paths.rel(paths.BACKEND_DIR)} not prepared): run `make setup`")
+        return out
+    if not specs:
+        _ports(out, ports, host)
+        out.models = list(requested or [])
         return out
     stale = generate.stale()
     if stale:
@@ -82,27 +89,33 @@ def check(ports: dict[str, int], host: str = "127.0.0.1", requested: list[str] |
         out.models += members
     if not out.models and not out.errors:
         out.errors.append("no model is built yet: run `make build` (every spec) or `make demo`")
-    for what, port in ports.items():
-        if port and not _port_free(host, port):
-            flag = {"http": "HTTP_PORT", "grpc": "GRPC_PORT", "metrics": "METRICS_PORT"}.get(what, what)
-            out.errors.append(f"port {port} ({what}) is in use on {host}: stop what holds it or run "
-                              f"`make serve {flag}=<free port>`")
+    _ports(out, ports, host)
     if requested:
         out.models = list(requested)
     return out
 
 
+def _ports(out: Preflight, ports: dict[str, int], host: str) -> None:
+    for what, port in ports.items():
+        if port and not _port_free(host, port):
+            flag = {"http": "HTTP_PORT", "grpc": "GRPC_PORT", "metrics": "METRICS_PORT"}.get(what, what)
+            out.errors.append(f"port {port} ({what}) is in use on {host}: stop what holds it or run "
+                              f"`make serve {flag}=<free port>`")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tritonkit.preflight", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="")
+    parser.add_argument("--model-repository", default=str(paths.MODEL_REPOSITORY))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
     args, _ = parser.parse_known_args(argv)
     requested = [m for m in args.models.split(",") if m]
+    own = Path(args.model_repository).resolve() == paths.MODEL_REPOSITORY.resolve()
     result = check({"http": args.http_port, "grpc": args.grpc_port, "metrics": args.metrics_port}, args.host,
-                   requested or None)
+                   requested or None, specs=own)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     for error in result.errors:
