@@ -13,7 +13,7 @@ import pytest
 
 from tritonkit import data, envinfo, kinds, paths
 
-# The gates the project states (README / docs/int8.md); a spec may tighten them, never loosen them.
+# The gates the project states (README, docs/int8-search.md); a spec may tighten them, never loosen them.
 STATED = {
     "text_embedding": {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3},
     "image_classification": {"top1_agreement": 0.98, "top1_agreement_margin0.05": 1.0, "top5_agreement": 0.95,
@@ -28,6 +28,20 @@ def test_spec_gates_are_at_least_the_stated_ones(name):
         assert kind.gate(metric) >= value, metric
 
 
+def _fallback(kind, built) -> bool:
+    """True when the committed recipe says no candidate passed: then the INT8 name must serve the FP32 graph,
+    and say so in its config; the gates are not claimed."""
+    from tritonkit import generate, int8
+
+    recipes = json.loads(int8.recipe_path(kind).read_text())
+    if recipes["served"]["status"] != int8.FALLBACK:
+        return False
+    assert built.int8.read_bytes() == built.fp32.read_bytes(), "a failed INT8 model must never be served"
+    config = generate.files([kind])[paths.MODEL_REPOSITORY / kind.INT8_MODEL / "config.pbtxt"]
+    assert "tritonkit_precision" in config and "fp32-fallback" in config
+    return True
+
+
 def _cos(a, b):
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
@@ -38,6 +52,8 @@ def test_text_int8_meets_its_gates_on_the_test_split():
 
     built = ensure_text_built()
     kind = kinds.get("text_embedding")
+    if _fallback(kind, built):
+        pytest.skip("text_embedding's committed recipe is an FP32 fallback (served as FP32, checked above)")
     texts = data.eval_texts("test")
     ref = kind.embed_onnx(kind.session(built.fp32), texts)
     got = kind.embed_onnx(kind.session(built.int8), texts)
@@ -60,6 +76,8 @@ def test_image_int8_meets_its_gates_on_the_test_split():
 
     built = build.build("image", progress=False)
     kind = kinds.get("image_classification")
+    if _fallback(kind, built):
+        pytest.skip("image_classification's committed recipe is an FP32 fallback (served as FP32, checked above)")
     x = kind.pixels("test")
     ref = run_onnx(kind.session(built.fp32, threads=2), x)
     got = run_onnx(kind.session(built.int8, threads=2), x)
