@@ -20,6 +20,8 @@ def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
 
     def start(model_repository: Path, **kwargs) -> TritonServer:
         log = tmp_path_factory.mktemp("triton-log") / "server.log"
+        # An idle client connection otherwise holds the stop for the whole 30 s drain; drain tests set their own.
+        kwargs.setdefault("exit_timeout_s", 8)
         server = TritonServer.on_free_ports(model_repository=Path(model_repository), log_path=log, **kwargs)
         started.append(server)
         return server.start()
