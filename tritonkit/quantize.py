@@ -498,10 +498,31 @@ def calibrate(
         providers=["CPUExecutionProvider"],
         extra_options=options,
     )
-    calibrator.collect_data(reader)
+    if recipe.calibrate_method == "minmax":
+        calibrator.collect_data(reader)
+    else:
+        # Histogram calibrators keep every batch's activations until collect_data returns: feed a few at a time
+        # (the histograms merge across calls) so memory stays at a few batches, not the whole calibration set.
+        while True:
+            chunk = [f for f in (reader.get_next() for _ in range(HISTOGRAM_CHUNK)) if f is not None]
+            if chunk:
+                calibrator.collect_data(_ListReader(chunk))
+            if len(chunk) < HISTOGRAM_CHUNK:
+                break
     ranges = calibrator.compute_data()
     del calibrator
     return ranges
+
+
+HISTOGRAM_CHUNK = 4  # calibration batches per histogram-collection pass
+
+
+class _ListReader(CalibrationDataReader):
+    def __init__(self, batches: list):
+        self.batches = iter(batches)
+
+    def get_next(self):
+        return next(self.batches, None)
 
 
 def _all_op_types() -> list[str]:

@@ -274,11 +274,12 @@ class Track:
 
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
-                 max_units: int = 64, max_tracks: int = 2, sample_stride: int = 3, progress: bool = True,
+                 max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3, progress: bool = True,
                  log: Callable = print):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
+        self.max_variants = max_variants  # only the best-scoring knob variants get the fallback
         self.progress, self.log, self.sample_stride = progress, log, sample_stride
         # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
         self.rank_targets = [*spec.TARGETS, *getattr(spec, "PROXY_TARGETS", [])]
@@ -466,7 +467,7 @@ class Search:
             scored.sort(key=lambda v: v[0])
             ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
             finals = []
-            for _, name, variant in scored:
+            for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
                     break
                 recipe = self.fallback(name, variant, ranked)
