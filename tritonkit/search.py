@@ -274,8 +274,8 @@ class Track:
 
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
-                 max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3, progress: bool = True,
-                 log: Callable = print):
+                 max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
+                 progress: bool = True, log: Callable = print):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
