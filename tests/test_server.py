@@ -144,6 +144,7 @@ def test_bad_request_fails_alone_within_a_batch(smoke_server):
         results = list(pool.map(call, rows))
     assert isinstance(results[5], InferenceServerException)
     assert "smoke_loose" in str(results[5]) and "X" in str(results[5])
+    assert results[5].status() == "400", results[5]  # the request's fault: a client error, not HTTP 500
     for i, (x, r) in enumerate(zip(rows, results)):
         if i != 5:
             assert not isinstance(r, Exception), f"request {i} failed with its bad neighbour: {r}"
