@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
+from tritonkit import paths
 from tritonkit.config import DynamicBatching, ModelSpec, Tensor
 from tritonkit.perf import metrics_counters
 
@@ -166,3 +167,34 @@ def test_failed_batch_is_bisected_and_other_groups_are_not_rerun(server):
     assert 1 <= delta["retried_runs"] <= 2 * math.ceil(math.log2(len(longs))), delta
     if executions == 1:  # the short group shared the execute() with the failed one and was not rerun
         assert all(results[n][0].as_numpy("BATCH")[0, 0] == len(shorts) for n in range(len(shorts)))
+
+
+@pytest.fixture(scope="module")
+def encoder_server(start_server):
+    if not (paths.MODEL_REPOSITORY / "text_encoder" / "1" / "model.onnx").exists():
+        pytest.skip("the text encoder is not built (make build)")
+    return start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=["text_encoder"])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_token_ids_past_the_vocabulary_sent_to_the_encoder_are_client_errors(encoder_server, protocol):
+    lib = httpclient if protocol == "http" else grpcclient
+    url = encoder_server.http_url if protocol == "http" else encoder_server.grpc_url
+    client = lib.InferenceServerClient(url)
+
+    def infer(ids):
+        inputs = []
+        for name in ("input_ids", "attention_mask"):
+            inp = lib.InferInput(name, [1, len(ids)], "INT64")
+            inp.set_data_from_numpy(np.array([ids] if name == "input_ids" else [[1] * len(ids)], np.int64))
+            inputs.append(inp)
+        return client.infer("text_encoder", inputs).as_numpy("embedding")
+
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            infer([101, 40_000, 102])
+        assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
+        assert "'input_ids'" in str(info.value) and "[0, 30522)" in str(info.value) and "40000" in str(info.value)
+        assert infer([101, 7592, 102]).shape == (1, 384)
+    finally:
+        client.close()
