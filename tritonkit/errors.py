@@ -124,3 +124,13 @@ class ModuleConfigError(TritonkitError, ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(f"parameters.{field}: {message}")
+
+
+# raised by tritonkit.server and tritonkit.backend_dir
+class SetupError(TritonkitError, RuntimeError):
+    """The environment is missing something `make setup` installs."""
+
+
+# raised by tritonkit.server
+class ServerStartError(TritonkitError, RuntimeError):
+    """tritonserver exited or did not become ready; the message carries its log tail."""

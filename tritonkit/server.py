@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import collections
 import contextlib
-import http.server
-import importlib.util
 import json
 import os
 import secrets
@@ -22,7 +19,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,51 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonkit import paths
+from tritonkit.backend_dir import (  # noqa: F401 - the launcher's public names
+    STUB_PRELOAD_VAR,
+    STUB_WRAPPER,
+    prepare_backend_dir,
+    server_binary,
+    triton_home,
+)
+from tritonkit.errors import ServerStartError, SetupError
+from tritonkit.watchdog import StubWatchdog, _stubs_of
 
 # Endpoints that change what the server serves or how it logs: only callers holding the control key may use them.
 RESTRICTED_APIS = "model-repository,trace,logging"
 CONTROL_HEADER = "tritonkit-key"
-# The caller's LD_PRELOAD, handed to the stubs by STUB_WRAPPER while the server itself runs with an allocator.
-STUB_PRELOAD_VAR = "TRITONKIT_STUB_LD_PRELOAD"
-# Installed as <backend-dir>/python/triton_python_backend_stub (the path the Python backend execs); the real stub
-# is python/stub/. The server's allocator stays out of the stubs: their memory is handled by ArenaRelease, and
-# jemalloc there cost 8 % of image throughput (perf/bench_allocator.py).
-STUB_WRAPPER = f"""#!/bin/sh
-# Written by tritonkit.server: run the Python-backend stub with the launcher's LD_PRELOAD, not the server's.
-if [ -n "${{{STUB_PRELOAD_VAR}+x}}" ]; then
-  if [ -n "${STUB_PRELOAD_VAR}" ]; then export LD_PRELOAD="${STUB_PRELOAD_VAR}"; else unset LD_PRELOAD; fi
-  unset {STUB_PRELOAD_VAR}
-fi
-exec "$(dirname "$0")/stub/triton_python_backend_stub" "$@"
-"""
-
-
-class SetupError(RuntimeError):
-    """The environment is missing something `make setup` installs."""
-
-
-class ServerStartError(RuntimeError):
-    """tritonserver exited or did not become ready; the message carries its log tail."""
-
-
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise SetupError(f"Python package '{name}' is not installed in {sys.prefix}; run `make setup` first.")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def triton_home() -> Path:
-    return _package_dir("pytriton") / "tritonserver"
-
-
-def server_binary() -> Path:
-    binary = triton_home() / "bin" / "tritonserver"
-    if not binary.exists():
-        raise SetupError(f"tritonserver binary not found at {binary}; run `make setup`.")
-    return binary
-
-
 def find_allocator(name: str) -> str | None:
     """The shared library to preload into tritonserver for `name` ("jemalloc"; "glibc" = none), or None when
     it is "glibc" or not installed (then glibc's malloc is used, with a warning)."""
@@ -119,44 +83,6 @@ def server_env(base: dict[str, str] | None = None, preload: str | None = None) -
     return env
 
 
-def prepare_backend_dir(target: Path = paths.BACKEND_DIR) -> Path:
-    """Assemble <target>/python (wheel files + stub for this Python) and our Python-based backends.
-
-    Files are copied, not linked: tritonserver refuses backend libraries that resolve outside the directory.
-    Idempotent and cheap (unchanged files are skipped), so every server start refreshes it.
-    """
-    home = triton_home()
-    py_src = home / "backends" / "python"
-    stub = home / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = stub / "triton_python_backend_stub"
-    if not stub.exists():
-        raise SetupError(f"no Python backend stub for Python {sys.version_info[:2]} in {stub.parent.parent}")
-    python_dir = target / "python"
-    (python_dir / "stub").mkdir(parents=True, exist_ok=True)
-    for src in (py_src / "libtriton_python.so", py_src / "triton_python_backend_utils.py"):
-        _copy(src, python_dir / src.name)
-    _copy(stub, python_dir / "stub" / stub.name)
-    wrapper = python_dir / stub.name
-    if wrapper.is_symlink() or not wrapper.exists() or wrapper.read_bytes() != STUB_WRAPPER.encode():
-        wrapper.unlink(missing_ok=True)
-        wrapper.write_text(STUB_WRAPPER)
-    wrapper.chmod(0o755)
-    for backend in sorted(paths.PROJECT_BACKENDS.iterdir()):
-        if (backend / "model.py").exists():
-            (target / backend.name).mkdir(parents=True, exist_ok=True)
-            for src in backend.glob("*.py"):
-                _copy(src, target / backend.name / src.name)
-    return target
-
-
-def _copy(src: Path, dst: Path) -> None:
-    if dst.is_symlink():
-        dst.unlink()
-    elif dst.exists() and dst.stat().st_size == src.stat().st_size and dst.read_bytes() == src.read_bytes():
-        return
-    shutil.copy2(src, dst)
-
-
 def embedded_models(repository: Path) -> tuple[list[str], list[str]]:
     """(served, skipped): the embedded server has no TensorRT backend, so `tensorrt_plan` models made by
     `make build-engines`, and ensembles that use them, are left to the NGC container."""
@@ -172,31 +98,6 @@ def embedded_models(repository: Path) -> tuple[list[str], list[str]]:
                 skipped.add(name)
                 changed = True
     return sorted(set(configs) - skipped), sorted(skipped)
-
-
-def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
-    """Stub processes in the server's process group, from /proc: instance name → (pid, model name).
-
-    A stub's argv is: stub, <repo>/<model>/<version>/<file>, shm region, sizes, parent pid, backend dir, ...,
-    instance name (`<model>_<group>_<index>`), ...; the model name is read from the path.
-    """
-    stubs = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[2]) != server_pid:
-                continue
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if argv and argv[0].endswith("triton_python_backend_stub") and len(argv) > 8:
-            model = Path(argv[1]).parent.parent.name
-            instance = next((a for a in argv[2:] if a.startswith(f"{model}_")), None)
-            if instance is not None:  # None: the short-lived stub a load starts to auto-complete the config
-                stubs[instance] = (int(entry), model)
-    return stubs
 
 
 def write_secret(path: Path, text: str) -> Path:
@@ -342,15 +243,24 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
-        self.recoveries: list[dict] = []
-        self.watchdog_counts: collections.Counter = collections.Counter()
-        self._reloads = 0
+        self.watchdog = StubWatchdog(self)
         if self.recover_crashed_stubs and self.model_control_mode == "explicit":
-            # Snapshot the stubs before start() returns, so a stub that dies at once is still seen as a crash.
-            known = _stubs_of(self.process.pid)
-            self._watchdog = threading.Thread(target=self._watch_stubs, args=(self.process, known), daemon=True)
-            self._watchdog.start()
+            self.watchdog.start(self.process)
         return self
+
+    @property
+    def recoveries(self) -> list[dict]:
+        return self.watchdog.recoveries
+
+    @property
+    def watchdog_counts(self):
+        return self.watchdog.counts
+
+    def watchdog_metrics(self) -> str:
+        return self.watchdog.metrics()
+
+    def serve_watchdog_metrics(self, port: int, host: str | None = None) -> int:
+        return self.watchdog.serve_metrics(port, host)
 
     def stub_processes(self) -> dict[str, tuple[int, str]]:
         """Live Python-backend stubs of this server: instance name → (pid, model name)."""
@@ -366,20 +276,6 @@ class TritonServer:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             response.read()
 
-    def _reload_crashed(self, model: str) -> None:
-        """Restart a READY model's instances. A plain load of a READY model whose files did not change is only a
-        config update in Triton 2.51 (no instance restarts, the dead stub stays dead), so the served config is
-        loaded back with a changed `tritonkit_reload` parameter, which forces a full reload."""
-        config = None
-        if self.model_states().get(model, ("",))[0] == "READY":  # otherwise (a failed reload) a plain load is full
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as r:
-                config = json.load(r)
-            self._reloads += 1
-            config.setdefault("parameters", {})["tritonkit_reload"] = {"string_value": str(self._reloads)}
-        self.load_model(model, config=config)
-        if self.process is not None and not any(m == model for _, m in _stubs_of(self.process.pid).values()):
-            raise RuntimeError("the load returned but the model has no live stub")
-
     def model_states(self) -> dict[str, tuple[str, str]]:
         """Model name → (state, reason) from the restricted repository index (a READY version wins)."""
         request = urllib.request.Request(
@@ -394,116 +290,6 @@ class TritonServer:
             if entry["name"] not in states or state[0] == "READY":
                 states[entry["name"]] = state
         return states
-
-    def _report(self, model: str, action: str, detail: str = "") -> None:
-        """One watchdog action: to stdout, to the server's log, and to the watchdog counters."""
-        self.watchdog_counts[(model, action)] += 1
-        line = f"watchdog: model '{model}': {action}{': ' + detail if detail else ''}"
-        print(line, flush=True)
-        with contextlib.suppress(Exception):  # the log is closed while stopping
-            self._log.write(f"{time.strftime('%H:%M:%S')} {line}\n".encode())
-            self._log.flush()
-
-    def _watch_stubs(self, process: subprocess.Popen, known: dict[str, tuple[int, str]]) -> None:
-        """Reload a model whose stub crashed; leave alone what operators do through the repository API.
-
-        A stub that is gone while the index still says its model is READY crashed (confirmed on a second look,
-        half a second later). A stub gone with its model UNLOADING/UNAVAILABLE/LOADING was unloaded or is being
-        reloaded through the API: the model is dropped from watch and picked up again when its new stubs appear.
-        A failed reload is retried with exponential backoff (1 s doubling to 60 s) until it loads or an operator
-        unloads or reloads the model. Readiness is not consulted: one unavailable model makes the whole server
-        not ready (strict readiness), and other models' crashes must still be handled then.
-        """
-        suspects: set[str] = set()  # instances missing at the last look
-        retry: dict[str, tuple[int, float]] = {}  # model → (failed reloads, when to try again)
-        while self.process is process and process.poll() is None:
-            time.sleep(0.5)
-            if self.process is not process:
-                return
-            live = _stubs_of(process.pid)
-            for instance, (pid, model) in live.items():
-                if known.get(instance, (None,))[0] != pid:
-                    known[instance] = (pid, model)  # new stubs: a load through the API (ours or an operator's)
-            missing = {i for i in known if i not in live}
-            if not missing and not retry:
-                suspects.clear()
-                continue
-            try:
-                states = self.model_states()
-            except Exception:  # too busy to answer or going down: look again next tick, forgetting nothing
-                continue
-            crashed: set[str] = set()
-            for instance in sorted(missing):
-                model = known[instance][1]
-                state, reason = states.get(model, ("", ""))
-                if state == "READY" and model not in retry:
-                    if instance in suspects:
-                        crashed.add(model)
-                    continue
-                del known[instance]  # unloaded or being (re)loaded through the API: not ours to undo
-                if model not in retry:
-                    self._report(model, "left_to_operator", f"stub gone while the model is {state or 'absent'}"
-                                 + (f" ({reason})" if reason else ""))
-            suspects = missing & set(known)
-            for model in sorted(crashed):
-                for instance in [i for i, (_, m) in known.items() if m == model]:
-                    del known[instance]
-                self._report(model, "crash_detected", "stub process gone while the model is READY")
-                retry[model] = (0, 0.0)
-            for model, (failures, due) in sorted(retry.items()):
-                state, reason = states.get(model, ("", ""))
-                if failures and ((state == "READY" and any(m == model for _, m in live.values()))
-                                 or (state == "UNAVAILABLE" and reason == "unloaded")):
-                    del retry[model]  # an operator reloaded or unloaded it meanwhile
-                    self._report(model, "left_to_operator", f"model is {state} after an operator's action")
-                    continue
-                if time.monotonic() < due:
-                    continue
-                started = time.monotonic()
-                try:
-                    self._reload_crashed(model)
-                except Exception as err:  # the watchdog must outlive any one failed reload
-                    if self.process is not process:
-                        return  # shutting down: stubs exit with the server
-                    delay = min(60.0, 2.0**failures)
-                    retry[model] = (failures + 1, time.monotonic() + delay)
-                    self._report(model, "reload_failed", f"attempt {failures + 1}: {err}; next try in {delay:.0f}s")
-                    self.recoveries.append({"model": model, "outcome": f"reload failed: {err}",
-                                            "seconds": round(time.monotonic() - started, 2)})
-                    continue
-                del retry[model]
-                seconds = round(time.monotonic() - started, 2)
-                self.recoveries.append({"model": model, "outcome": "reloaded", "seconds": seconds})
-                self._report(model, "reloaded", f"in {seconds}s after {failures} failed attempt(s)")
-
-    def watchdog_metrics(self) -> str:
-        """The watchdog's counters in Prometheus text format (served by serve_watchdog_metrics)."""
-        lines = ["# HELP tritonkit_watchdog_actions_total Stub watchdog actions by model: crash_detected, reloaded, "
-                 "reload_failed, left_to_operator", "# TYPE tritonkit_watchdog_actions_total counter"]
-        for (model, action), count in sorted(self.watchdog_counts.items()):
-            lines.append(f'tritonkit_watchdog_actions_total{{model="{model}",action="{action}"}} {count}')
-        return "\n".join(lines) + "\n"
-
-    def serve_watchdog_metrics(self, port: int, host: str | None = None) -> int:
-        """Serve `watchdog_metrics()` at http://host:port/metrics from a daemon thread; returns the port."""
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = server.watchdog_metrics().encode()
-                self.send_response(200 if self.path == "/metrics" else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):  # scrapes would flood stdout
-                pass
-
-        httpd = http.server.ThreadingHTTPServer((host or self.host, port), Handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-        self._metrics_httpd = httpd
-        return httpd.server_address[1]
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
