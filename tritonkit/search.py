@@ -181,15 +181,25 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
 class Evaluator:
     """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""
 
-    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1):
+    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1, extra: Sequence[int] = ()):
         self.spec, self.split = spec, split
         batches = spec.eval_batches(split)
-        # Every stride-th batch: a cheaper sample for ranking many candidates (gates always use the whole split).
-        self.batches = batches if stride == 1 else [batches[i] for i in range(0, len(batches), stride)]
+        # Every stride-th batch (plus `extra` ones): a cheaper sample for ranking many candidates; gates always
+        # use the whole split.
+        self.batches = [batches[i] for i in sorted(set(range(0, len(batches), stride)) | set(extra))]
         self.ref = run_batches(session(fp32), self.batches)
 
     def metrics(self, model) -> dict[str, float]:
         return self.spec.gate_metrics(self.ref, run_batches(session(model), self.batches))
+
+    def worst_batches(self, model, share: float = 0.01) -> list[int]:
+        """Indices of the batches holding the `share` of rows `model` gets most wrong (relative L2 error), so a
+        sample can carry the outliers that decide worst-case gates."""
+        got = run_batches(session(model), self.batches)
+        err = np.linalg.norm(got - self.ref, axis=1) / np.maximum(np.linalg.norm(self.ref, axis=1), 1e-12)
+        bounds = np.cumsum([len(next(iter(b.values()))) for b in self.batches])
+        worst = np.argsort(-err)[: max(1, int(len(err) * share))]
+        return sorted({int(np.searchsorted(bounds, row, side="right")) for row in worst})
 
 
 def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 7) -> dict[str, float]:
@@ -434,7 +444,9 @@ class Search:
         step = self.measure("fallback", f"{name}", r, evaluator=self.sample)
         for unit, members, _gain in [(None, [], 0.0), *budget]:
             if unit is not None:
-                r = replace(r, float_nodes=[*r.float_nodes, *members])
+                if set(members) <= set(r.float_nodes):
+                    continue  # already float through a family
+                r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
                 step = self.measure("fallback", f"{name} +float {unit}", r, evaluator=self.val if whole else
                                     self.sample)
             if step is None or not step.passed:
@@ -465,6 +477,10 @@ class Search:
                 if step is not None:
                     scored.append((step.distortion, name, variant))
             scored.sort(key=lambda v: v[0])
+            if scored:  # the sample also carries the whole split's worst rows, which decide worst-case gates
+                hard = self.val.worst_batches(self.build(scored[0][2]))
+                self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra=hard)
+                self.log(f"  sample: every {self.sample_stride}th batch + {len(hard)} holding the worst rows")
             ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
             finals = []
             for _, name, variant in scored[: self.max_variants]:
