@@ -17,6 +17,7 @@ import os
 import struct
 
 from tritonkit import imaging, paths, perf
+from tritonkit.backend_utils import usable_cpus
 from tritonkit.models import efficientnet_lite0 as spec
 
 ENSEMBLES = {"INT8 (image_classification)": "image_classification",
@@ -36,7 +37,7 @@ def naive_baseline(images: list[bytes], duration_s: float) -> perf.PerfPoint:
     import numpy as np
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     model = spec.load_classifier()
     batches = [[images[(i + j) % len(images)] for j in range(BASELINE_BATCH)] for i in range(len(images))]
 

@@ -9,10 +9,10 @@ Benchmarks, the perf lab and the CI ratio gate all compare against these, so a r
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import cache
 
+from tritonkit.backend_utils import usable_cpus
 from tritonkit.perf import PerfPoint, time_in_process
 
 IMAGE_BATCH = 32
@@ -23,7 +23,7 @@ def text(texts: Sequence[str], concurrency: int, seconds: float,
     """(N threads × 1 text per call, 1 thread × N texts per call) with sentence-transformers FP32 on all cores."""
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     model = _st_model(model)
     per_text = time_in_process(lambda t: model.encode([t]), texts, concurrency, duration_s=seconds,
                                label="sentence-transformers FP32 (1 text/call)")
@@ -49,7 +49,7 @@ def image(images: Sequence[bytes], seconds: float, model: str = "image_classific
 
     from tritonkit import imaging, kinds
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(usable_cpus())
     kind = kinds.get(model)
     cfg = kind.PREPROCESS
     model = kind.load_classifier()
