@@ -32,6 +32,8 @@ import numpy as np
 from tritonkit.errors import SearchError
 from tritonkit.quantize import QuantRecipe, Target
 
+PATIENCE = 6  # fallback steps without improvement before a knob variant is given up
+
 Feeds = dict[str, np.ndarray]
 
 
@@ -440,7 +442,10 @@ class Search:
         """Cumulative fallback in sensitivity order, scored on the validation sample, until the gates hold there
         (with the margin); then on the whole validation split, adding units while it does not hold yet."""
         r, whole = start, False
-        budget = [u for u in ranked if u[2] > 0][: max(1, len(ranked) // 2)]
+        # Single units' gains are noisy (a few photos flip either way): go down the ranking whatever the sign,
+        # and stop once the distortion has not improved for PATIENCE steps.
+        budget = ranked[: max(1, len(ranked) // 2)]
+        best, stale = float("inf"), 0
         step = self.measure("fallback", f"{name}", r, evaluator=self.sample)
         for unit, members, _gain in [(None, [], 0.0), *budget]:
             if unit is not None:
@@ -449,6 +454,11 @@ class Search:
                 r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
                 step = self.measure("fallback", f"{name} +float {unit}", r, evaluator=self.val if whole else
                                     self.sample)
+            if step is not None and unit is not None and not whole:
+                best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
+                if stale >= PATIENCE:
+                    self.log(f"  stopped: no improvement in {PATIENCE} steps")
+                    return None
             if step is None or not step.passed:
                 continue
             if not whole:  # passed on the sample: the whole split decides from here on
