@@ -39,7 +39,7 @@ add-model: ## write a spec: KIND=text-embedding NAME=x SOURCE=dir (see python -m
 build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs where TensorRT and a GPU exist
 	@$(PY) -m tritonkit.engines
 
-serve-docker: ## serve model_repository/ in the NGC tritonserver 24.10 container (needs Docker + NVIDIA runtime)
+serve-docker: ## serve the generated NGC view (build/ngc_repository) in the NGC tritonserver container (Docker + NVIDIA runtime)
 	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
 
@@ -53,7 +53,7 @@ tune: ## config search under a p99 budget: MODEL=text_embedding P99_MS=50 [PROFI
 gateway: ## OpenAI-compatible POST /v1/embeddings on 127.0.0.1:8080 in front of a running server's gRPC port
 	@$(PY) -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:$(GRPC_PORT)
 
-manifests: ## re-render deploy/k8s/*.yaml and the Grafana dashboard from tritonkit/deploy.py
+manifests: ## re-render deploy/ (kustomize bases, monitoring, Helm values, Grafana) from tritonkit/deploy.py
 	@$(PY) -m tritonkit.deploy
 
 check-configs: ## generated configs match their specs; every config.pbtxt valid against Triton's schema, ensembles too
