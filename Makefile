@@ -41,6 +41,7 @@ build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs w
 
 serve-docker: ## serve the generated NGC view (build/ngc_repository) in the NGC tritonserver container (Docker + NVIDIA runtime)
 	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
+	@$(PY) -m tritonkit.repo_variants ngc
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
 
 perf: ## perf lab: sweeps + baselines → perf/results/<stamp>/ (CSV, JSON, MD, PNG); MODEL=name (default both first), QUICK=1
