@@ -161,7 +161,15 @@ def files(kinds: list | None = None) -> dict[Path, str]:
     return out
 
 
+def _profiles() -> dict[Path, str]:
+    """The overload profile, derived from the generated configs (so it follows them)."""
+    from tritonkit import repo_variants
+
+    return repo_variants.overload_profile()
+
+
 def write(kinds: list | None = None) -> list[Path]:
+    """Write what differs; the overload profile last, since it is derived from the configs just written."""
     written = []
     for path, text in files(kinds).items():
         # Triton loads a model only with a version directory, even an empty one (ensembles).
@@ -169,13 +177,20 @@ def write(kinds: list | None = None) -> list[Path]:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             written.append(path)
+    for path, text in _profiles().items():
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            written.append(path)
     return written
 
 
 def stale(kinds: list | None = None) -> list[str]:
     """Generated files that are missing or differ from what the specs give."""
-    return [paths.rel(p) for p, text in files(kinds).items()
-            if not p.exists() or p.read_text() != text]
+    out = [paths.rel(p) for p, text in files(kinds).items() if not p.exists() or p.read_text() != text]
+    if not out and kinds is None:
+        out += [paths.rel(p) for p, text in _profiles().items() if not p.exists() or p.read_text() != text]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
