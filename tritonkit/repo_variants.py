@@ -197,6 +197,8 @@ def overload_profile(repository: Path = paths.MODEL_REPOSITORY) -> dict[Path, st
     out = {}
     instances = overload_instances()
     for model, (timeout_us, size) in overload_policies().items():
+        if not (Path(repository) / model / "config.pbtxt").exists():
+            continue  # a spec whose configs are not generated yet
         cfg = read_config(model, repository, committed=False)
         queue_policy(timeout_us, size)(cfg)
         if model in instances:
