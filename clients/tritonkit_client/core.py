@@ -228,13 +228,15 @@ class AsyncClient(_ClientBase):
         return {name: result.as_numpy(name) for name in outputs}
 
     async def model_configs(self) -> dict[str, dict]:
-        """Config (JSON form) of every READY model on the server, by name."""
+        """Config (JSON form) of every ready model on the server, by name. The statistics API lists the loaded
+        models without the control key that the repository index needs."""
         try:
-            index = await self._get().get_model_repository_index(**self._as_json())
-            models = index.get("models", []) if isinstance(index, dict) else index
-            ready = [m["name"] for m in models if m.get("state") == "READY"]
+            stats = await self._get().get_inference_statistics(**self._as_json())
+            names = sorted({m["name"] for m in stats.get("model_stats", [])})
             configs = {}
-            for name in ready:
+            for name in names:
+                if not await self._get().is_model_ready(name):
+                    continue
                 cfg = await self._get().get_model_config(name, **self._as_json())
                 configs[name] = cfg.get("config", cfg)
         except Exception as err:
