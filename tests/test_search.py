@@ -18,7 +18,7 @@ class TinySpec:
 
     NAME = "tiny"
     WEIGHT_OPS = ("Gemm",)
-    TARGETS = [Target("cosine_min", ">=", 0.999), Target("cosine_mean", ">=", 0.9995)]
+    TARGETS = (Target("cosine_min", ">=", 0.999), Target("cosine_mean", ">=", 0.9995))
     SPEED_TARGET = Target("int8_speedup", ">=", 1.0)
     SPEED_BATCHES = (8,)
     SERVE_THREADS = 1
