@@ -13,6 +13,23 @@ import os
 from pathlib import Path
 
 
+def pad_concat(arrays: list, name: str, ragged: bool, pad_value: float, error: type[Exception] = ValueError):
+    """Requests' arrays of one input joined on the batch axis; a ragged input is right-padded with `pad_value` to
+    the group's longest, a non-ragged one whose shapes differ raises `error` (as Triton does)."""
+    import numpy as np
+
+    target = np.max([a.shape[1:] for a in arrays], axis=0)
+    parts = []
+    for a in arrays:
+        pad = [(0, 0)] + [(0, int(t - s)) for t, s in zip(target, a.shape[1:])]
+        if any(p[1] for p in pad):
+            if not ragged:
+                raise error(f"input '{name}': shapes differ within a batch")
+            a = np.pad(a, pad, constant_values=np.asarray(pad_value).astype(a.dtype))
+        parts.append(a)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
 def param(config: dict, key: str, default: str | None = None) -> str | None:
     """A config `parameters` string value; missing or empty → default."""
     value = config.get("parameters", {}).get(key, {}).get("string_value")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonkit.backend_utils import param
+from tritonkit.backend_utils import pad_concat, param
 from tritonkit.errors import ModuleConfigError
 
 ARCHITECTURES = ("bert-mean-pooled", "efficientnet-lite")
@@ -214,16 +214,7 @@ def merge(feeds_list: list[dict[str, np.ndarray]], inputs: list[dict]) -> dict[s
     merged = {}
     for spec in inputs:
         arrays = [f[spec["name"]] for f in feeds_list]
-        target = np.max([a.shape[1:] for a in arrays], axis=0)
-        parts = []
-        for a in arrays:
-            pad = [(0, 0)] + [(0, int(t - s)) for t, s in zip(target, a.shape[1:])]
-            if any(p[1] for p in pad):
-                if not spec["ragged"]:
-                    raise RequestError(f"input '{spec['name']}': shapes differ within a batch")
-                a = np.pad(a, pad, constant_values=np.asarray(spec["pad"]).astype(a.dtype))
-            parts.append(a)
-        merged[spec["name"]] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        merged[spec["name"]] = pad_concat(arrays, spec["name"], spec["ragged"], spec["pad"], RequestError)
     return merged
 
 

@@ -39,6 +39,7 @@ from tritonkit.backend_utils import (
     error_response,
     index_limits,
     ort_metrics,
+    pad_concat,
     param,
     session_options,
     usable_cpus,
@@ -153,16 +154,7 @@ class TritonPythonModel:
                 continue
             if len(arrays) != len(feeds_list):
                 raise _RequestError(f"optional input '{spec['name']}' given by only some requests of a batch")
-            target = np.max([a.shape[1:] for a in arrays], axis=0)
-            parts = []
-            for a in arrays:
-                pad = [(0, 0)] + [(0, int(t - s)) for t, s in zip(target, a.shape[1:])]
-                if any(p[1] for p in pad):
-                    if not spec["ragged"]:
-                        raise _RequestError(f"input '{spec['name']}': shapes differ within a batch")
-                    a = np.pad(a, pad, constant_values=np.asarray(spec["pad"]).astype(a.dtype))
-                parts.append(a)
-            merged[spec["name"]] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            merged[spec["name"]] = pad_concat(arrays, spec["name"], spec["ragged"], spec["pad"], _RequestError)
             total += merged[spec["name"]].size
             padding += merged[spec["name"]].size - sum(a.size for a in arrays)
         return merged, total, padding
