@@ -684,6 +684,18 @@ def write_ensembles(repository: Path, built: Sequence[Step]) -> list[Path]:
     return written
 
 
+def _jobs(args):
+    """(target, spec, precision, model dir, source ONNX) for every requested target and precision."""
+    from tritonkit import models
+
+    for name in args.targets:
+        spec = models.get(name)
+        for precision in args.precision or PRECISIONS:
+            source = spec.INT8_MODEL if precision == "int8" else spec.FP32_MODEL
+            model_dir = args.repository / source
+            yield name, spec, precision, model_dir, trt_source_onnx(model_dir, source)
+
+
 def main(argv: list[str] | None = None) -> int:
     from tritonkit import models
 
@@ -700,26 +712,16 @@ def main(argv: list[str] | None = None) -> int:
     env = detect()
     target = target_server()
     if args.tolerances:
-        for name in args.targets:
-            spec = models.get(name)
-            for precision in args.precision or PRECISIONS:
-                source = spec.INT8_MODEL if precision == "int8" else spec.FP32_MODEL
-                model_dir = args.repository / source
-                _, profiles, feeds, tolerances, _, low = _plan_inputs(spec, model_dir,
-                                                                       trt_source_onnx(model_dir, source), precision)
-                shapes = sorted({tuple(next(iter(f.values())).shape) for f in feeds})
-                print(f"{name} {precision}: ORT form {low.name}; {len(feeds)} feeds, shapes {shapes[0]}..{shapes[-1]}; "
-                      f"profiles {[(p.name, next(iter(p.shapes.values()))[2]) for p in profiles]}; "
-                      f"(atol, rtol) = {{{', '.join(f'{k}: ({a:.3g}, {r:.3g})' for k, (a, r) in tolerances.items())}}}")
+        for name, spec, precision, model_dir, onnx in _jobs(args):
+            _, profiles, feeds, tolerances, _, low = _plan_inputs(spec, model_dir, onnx, precision)
+            shapes = sorted({tuple(next(iter(f.values())).shape) for f in feeds})
+            print(f"{name} {precision}: ORT form {low.name}; {len(feeds)} feeds, shapes {shapes[0]}..{shapes[-1]}; "
+                  f"profiles {[(p.name, next(iter(p.shapes.values()))[2]) for p in profiles]}; "
+                  f"(atol, rtol) = {{{', '.join(f'{k}: ({a:.3g}, {r:.3g})' for k, (a, r) in tolerances.items())}}}")
         return 0
     if args.device_job:
-        for target_name in args.targets:
-            spec = models.get(target_name)
-            for precision in args.precision or PRECISIONS:
-                source = spec.INT8_MODEL if precision == "int8" else spec.FP32_MODEL
-                model_dir = args.repository / source
-                build_device_plan(spec, env, model_dir, trt_source_onnx(model_dir, source), precision,
-                                  args.repository, target)
+        for _, spec, precision, model_dir, onnx in _jobs(args):
+            build_device_plan(spec, env, model_dir, onnx, precision, args.repository, target)
         return 0
     print(f"TensorRT: {env.trt_version or 'not installed'}; GPUs: "
           f"{', '.join(f'{g.name} (sm {g.cc})' for g in env.gpus) or 'none'}; target: NGC {target.release} "
