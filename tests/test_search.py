@@ -115,6 +115,17 @@ def test_nothing_passes_means_no_recipe(tiny):
     assert not result.passed and result.recipe is None and result.best_failed
 
 
+def test_a_spent_budget_stops_the_search_and_says_so(tiny):
+    path, _ = tiny
+    logs: list[str] = []
+    result = search.Search(TinySpec(), path, ["int8"], check_speed=False, budget_s=1e-6, progress=False,
+                           log=logs.append).run()
+    # The starting points are always measured; past the budget nothing is added, and the reason names it.
+    assert not result.passed and "budget" in result.reason
+    assert {s.stage for s in result.steps} <= {"start", "variant", "fallback"}
+    assert any("budget" in line for line in logs)
+
+
 def test_scoring_and_units():
     gates = [Target("a", ">=", 0.99), Target("b", "<=", 0.1)]
     assert search.passes(gates, {"a": 0.995, "b": 0.05})

@@ -49,8 +49,9 @@ def _log(msg: str) -> None:
 
 # -- search --------------------------------------------------------------------------------------------------
 
-def search(spec, fp32: Path, progress: bool = True) -> dict:
-    """Search both forms, write the committed recipe file and the full search report; returns the recipe data."""
+def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = None) -> dict:
+    """Search both forms (each within budget_s when given), write the committed recipe file and the full search
+    report; returns the recipe data."""
     from tritonkit.export import write_json
 
     t0 = time.perf_counter()
@@ -58,7 +59,8 @@ def search(spec, fp32: Path, progress: bool = True) -> dict:
     full: dict = {}
     for form, forms in FORMS.items():
         _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
-        result = Search(spec, fp32, forms, check_speed=form == "served", progress=progress, log=_log).run()
+        result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
+                        log=_log).run()
         full[form] = result.to_json()
         out[form] = {
             "recipe": asdict(result.recipe) if result.recipe else None,

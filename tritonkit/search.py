@@ -287,12 +287,14 @@ class Track:
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
-                 progress: bool = True, log: Callable = print):
+                 budget_s: float | None = None, progress: bool = True, log: Callable = print):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
         self.max_variants = max_variants  # only the best-scoring knob variants get the fallback
         self.progress, self.log, self.sample_stride = progress, log, sample_stride
+        self.budget_s = budget_s  # wall-clock cap: past it the search stops adding work and reports what it has
+        self._deadline = float("inf")
         # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
         self.rank_targets = [*spec.TARGETS, *getattr(spec, "PROXY_TARGETS", [])]
         self.steps: list[Step] = []
@@ -374,6 +376,9 @@ class Search:
                  + (f" speed x{sp:.2f}" if sp is not None else "") + (" PASS" if step.passed else ""))
         return step
 
+    def spent(self) -> bool:
+        return time.perf_counter() > self._deadline
+
     def _applicable_methods(self) -> list[tuple[str, dict]]:
         """Histogram calibrators concatenate every batch's tensors: they need equal-shape calibration feeds."""
         shapes = {tuple(v.shape for v in b.values()) for b in self.spec.calibration_batches()}
@@ -427,6 +432,9 @@ class Search:
         ranked = []
         for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
                                   disable=not self.progress):
+            if self.spent():
+                self.log(f"  budget spent: sensitivity ranked for {len(ranked)} of {len(units)} units")
+                break
             try:
                 model = self.build(replace(track.recipe, float_nodes=members))
             except QuantizationError:
@@ -448,6 +456,9 @@ class Search:
         best, stale = float("inf"), 0
         step = self.measure("fallback", f"{name}", r, evaluator=self.sample)
         for unit, members, _gain in [(None, [], 0.0), *budget]:
+            if self.spent():
+                self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
+                return None
             if unit is not None:
                 if set(members) <= set(r.float_nodes):
                     continue  # already float through a family
@@ -476,13 +487,18 @@ class Search:
 
     def run(self) -> SearchResult:
         t0 = time.perf_counter()
-        self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate")
+        if self.budget_s:
+            self._deadline = t0 + self.budget_s
+        self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate"
+                 + (f", budget {self.budget_s / 60:.0f} min" if self.budget_s else ""))
         failed: list[dict] = []
         ok: list[tuple[Recipe, dict]] = []
         for track in self.start():
             # Every variant at full INT8 on the sample; the best one orders the units for all of them.
             scored = []
             for name, variant in self.variants(track):
+                if scored and self.spent():
+                    break
                 step = self.measure("variant", name, variant, evaluator=self.sample)
                 if step is not None:
                     scored.append((step.distortion, name, variant))
@@ -515,7 +531,10 @@ class Search:
             if ok:  # tracks run best first: the first that passes ends the search
                 break
         if not ok:
-            return self._result(None, {}, {}, {}, failed, t0, "no candidate met the accuracy and speed gates")
+            why = "no candidate met the accuracy and speed gates"
+            if self.spent():
+                why += f" within the search budget ({self.budget_s / 60:.0f} min)"
+            return self._result(None, {}, {}, {}, failed, t0, why)
         # Fastest first; without a speed check, the fewest float units.
         recipe, speed = max(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)))
         model = self.build(recipe)
