@@ -7,7 +7,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo serve build int8-search add-model build-engines serve-docker gateway manifests perf tune lint test test-all check-configs clean
+.PHONY: help setup lock demo serve build int8-search add-model build-engines serve-docker gateway manifests perf tune lint test test-all test-zoo check-configs clean
 
 help: ## list targets with one-line help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -76,8 +76,11 @@ endef
 test: lint ## lint, then the quick tier (not slow) against real tritonserver instances with tiny models
 	$(call run_pytest,-m "not slow")
 
-test-all: lint ## lint, then every test: the quick tier plus real model builds, the perf gate and the soak
-	$(call run_pytest,)
+test-all: lint ## lint, then every test (CI): the quick tier plus real model builds, the perf gate and the soak
+	$(call run_pytest,-m "not zoo")
+
+test-zoo: ## the larger pretrained specs (all-mpnet-base-v2, EfficientNet-Lite1): build, serve, compare with PyTorch
+	$(call run_pytest,-m zoo)
 
 clean: ## remove build outputs (model artefacts, backend dir); keeps .venv
 	rm -rf .build build/artifacts perf/results

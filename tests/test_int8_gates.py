@@ -10,21 +10,31 @@ import sys
 
 import numpy as np
 import pytest
+from test_zoo import ZOO  # built by `make test-zoo` only (tens of minutes on 2 cores)
 
 from tritonkit import data, envinfo, kinds, paths
 
-# The gates the project states (README, docs/int8-search.md); a spec may tighten them, never loosen them.
+# The gates the project states per kind (README, docs/int8-search.md); a spec may tighten them, never loosen them.
 STATED = {
-    "text_embedding": {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3},
-    "image_classification": {"top1_agreement": 0.98, "top1_agreement_margin0.05": 1.0, "top5_agreement": 0.95,
+    "text-embedding": {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3},
+    "image-classification": {"top1_agreement": 0.98, "top1_agreement_margin0.05": 1.0, "top5_agreement": 0.95,
                              "int8_speedup": 1.3},
 }
+SPECS = kinds.names()
 
 
-@pytest.mark.parametrize("name", list(STATED))
+def _specs(kind: str) -> list:
+    return [pytest.param(n, marks=[pytest.mark.zoo] if n in ZOO else []) for n in SPECS
+            if kinds.get(n).spec.kind == kind]
+
+
+TEXT, IMAGE = _specs("text-embedding"), _specs("image-classification")
+
+
+@pytest.mark.parametrize("name", SPECS)
 def test_spec_gates_are_at_least_the_stated_ones(name):
     kind = kinds.get(name)
-    for metric, value in STATED[name].items():
+    for metric, value in STATED[kind.spec.kind].items():
         assert kind.gate(metric) >= value, metric
 
 
@@ -47,13 +57,14 @@ def _cos(a, b):
 
 
 @pytest.mark.slow
-def test_text_int8_meets_its_gates_on_the_test_split():
-    from text_support import ensure_text_built
+@pytest.mark.parametrize("name", TEXT)
+def test_text_int8_meets_its_gates_on_the_test_split(name):
+    from tritonkit import build
 
-    built = ensure_text_built()
-    kind = kinds.get("text_embedding")
+    built = build.build(name, progress=False)
+    kind = kinds.get(name)
     if _fallback(kind, built):
-        pytest.skip("text_embedding's committed recipe is an FP32 fallback (served as FP32, checked above)")
+        pytest.skip(f"{name}'s committed recipe is an FP32 fallback (served as FP32, checked above)")
     texts = data.eval_texts("test")
     ref = kind.embed_onnx(kind.session(built.fp32), texts)
     got = kind.embed_onnx(kind.session(built.int8), texts)
@@ -70,14 +81,15 @@ def test_text_int8_meets_its_gates_on_the_test_split():
 
 
 @pytest.mark.slow
-def test_image_int8_meets_its_gates_on_the_test_split():
+@pytest.mark.parametrize("name", IMAGE)
+def test_image_int8_meets_its_gates_on_the_test_split(name):
     from tritonkit import build
     from tritonkit.kinds.image import run_onnx, softmax
 
-    built = build.build("image", progress=False)
-    kind = kinds.get("image_classification")
+    built = build.build(name, progress=False)
+    kind = kinds.get(name)
     if _fallback(kind, built):
-        pytest.skip("image_classification's committed recipe is an FP32 fallback (served as FP32, checked above)")
+        pytest.skip(f"{name}'s committed recipe is an FP32 fallback (served as FP32, checked above)")
     x = kind.pixels("test")
     ref = run_onnx(kind.session(built.fp32, threads=2), x)
     got = run_onnx(kind.session(built.int8, threads=2), x)
