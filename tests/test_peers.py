@@ -1,0 +1,99 @@
+"""Peers and the perf lab's peer table: the one HTTP load generator against our real server (and Infinity when its
+venv is installed), the in-process ceiling, and the table's ratios."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tritonkit import baselines, data, kinds, lab, paths, peers
+from tritonkit.perf import PerfPoint
+
+TEXT = "text_embedding"
+
+
+def _point(label: str, throughput: float, concurrency: int = 16, **kw) -> PerfPoint:
+    return PerfPoint(label=label, concurrency=concurrency, throughput=throughput, p50_ms=10.0, p99_ms=20.0, **kw)
+
+
+def test_peer_table_states_served_over_every_contender_and_tokens():
+    pipe = lab.pipeline(TEXT)
+    ensemble = pipe.workloads[0].label
+    result = {
+        "served": [_point(ensemble, 600.0), _point(ensemble, 300.0, concurrency=1),
+                   _point(ensemble, 700.0, request_rate=650.0, concurrency=0)],
+        "peers": [_point("tritonkit text_embedding (Triton HTTP/REST)", 550.0), _point("Infinity", 275.0)],
+        "baseline": [_point("in-process INT8", 500.0, concurrency=1)],
+        "skipped": [{"label": "TEI", "reason": "not installable"}],
+        "mean_tokens": 12.5,
+    }
+    rows = {r["label"]: r for r in lab.peer_table(pipe, result)}
+    served = rows[f"{ensemble}, perf_analyzer"]
+    assert served["throughput"] == 600.0 and served["served_x"] == pytest.approx(1.0)  # the c=16 point, not c=1
+    assert rows["Infinity"]["served_x"] == pytest.approx(600 / 275)
+    assert rows["Infinity"]["served_http_x"] == pytest.approx(550 / 275)
+    assert rows["in-process INT8"]["served_x"] == pytest.approx(600 / 500)
+    assert rows["in-process INT8"]["tokens_per_s"] == pytest.approx(500 * 12.5)
+    assert [r["where"] for r in rows.values()] == ["served", "server", "server", "in-process"]
+    md = "\n".join(lab.peer_markdown(pipe, result))
+    assert "| Infinity | server | 16 | 275.0 | 3438 | 10.0 | 20.0 | 2.18× | 2.00× |" in md
+    assert "skipped: TEI: not installable" in md
+
+
+def test_a_missing_peer_venv_is_reported_not_installed(tmp_path, monkeypatch):
+    monkeypatch.setattr(peers, "PEERS_DIR", tmp_path)
+    with pytest.raises(peers.PeerUnavailable, match="infinity: not installed"):
+        peers.ensure("infinity", install=False)
+
+
+def _built(model: str) -> None:
+    if not (paths.MODEL_REPOSITORY / model / "1" / "model.onnx").exists():
+        pytest.skip(f"{model} is not built (make build)")
+
+
+@pytest.mark.slow
+def test_load_generator_gets_real_embeddings_from_our_server(start_server):
+    kind = kinds.get(TEXT)
+    _built(kind.INT8_MODEL)
+    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=[TEXT])
+    ours = peers.triton_http(server.http_url, TEXT)
+    texts = data.split("benchmark")
+    got = np.asarray(ours.embedding(json.loads(peers._post(ours, ours.body(texts[0])))), np.float32)
+    sess = kind.session(baselines.onnx_file(TEXT, "int8"))
+    want = sess.run(["embedding"], kind.encode(texts[:1]))[0][0]
+    assert got.shape == (kind.DIM,) and float(got @ want) > 0.999  # both L2-normalised
+
+    point = peers.http_point(ours, texts, concurrency=4, seconds=1.5)
+    assert point.concurrency == 4 and point.throughput > 10 and 0 < point.p50_ms <= point.p99_ms
+
+    broken = peers.triton_http(server.http_url, "no_such_model")
+    with pytest.raises(peers.PeerUnavailable, match=r"HTTP 404.*unknown model"):
+        peers.http_point(broken, texts, concurrency=2, seconds=0.5)
+
+
+@pytest.mark.slow
+def test_in_process_ceiling_runs_the_built_int8_model():
+    _built(kinds.get(TEXT).INT8_MODEL)
+    point = baselines.onnx_text(data.split("benchmark"), 1.5, TEXT, "int8")
+    assert "INT8" in point.label and point.throughput > 0 and point.p50_ms <= point.p99_ms
+
+
+@pytest.mark.slow
+def test_infinity_serves_the_same_model_under_the_same_load_generator():
+    for name in ("infinity", "sentence-transformers"):
+        if not peers.installed(peers.ENVS[name]):
+            reason = f"{name} venv not installed ({paths.rel(peers.ENVS[name].dir)}; make perf-peers installs it)"
+            print(f"skipped: {reason}")
+            pytest.skip(reason)
+    kind = kinds.get(TEXT)
+    texts = data.split("benchmark")
+    (st,) = peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, "qint8", [32], 1.0, install=False)
+    assert "qint8" in st.label and st.throughput > 0
+    with peers.infinity(kind.model_dir(), TEXT, kind.spec.facts.pooling, install=False) as inf:
+        got = np.asarray(inf.embedding(json.loads(peers._post(inf, inf.body(texts[0])))), np.float32)
+        want = kind.sentence_transformer().encode(texts[:1], normalize_embeddings=True)[0]
+        assert float(got @ want) / float(np.linalg.norm(got)) > 0.98  # qint8 vs FP32, same model
+        point = peers.http_point(inf, texts, concurrency=4, seconds=1.5)
+    assert point.throughput > 10 and point.p50_ms <= point.p99_ms
