@@ -253,7 +253,8 @@ def run_pipeline(pipe: Pipeline, settings: Settings, out_dir: Path, repository: 
         contenders, skipped = pipe.contenders(settings, server, stack, progress)
         measured = compare(pipe.name, contenders, settings.compare_repeats, progress)
     result = {"served": served, "baseline": [p for c, p in measured if c.where == "in-process"],
-              "peers": [p for c, p in measured if c.where == "server"], "skipped": skipped}
+              "peers": [p for c, p in measured if c.where == "server"], "skipped": skipped,
+              "compare_repeats": settings.compare_repeats}
     if pipe.unit == "texts":
         result["mean_tokens"] = mean_tokens(pipe.name)
     return result
@@ -324,7 +325,9 @@ def peer_markdown(pipe: Pipeline, result: dict) -> list[str]:
     head = f"| contender | where | c | {pipe.unit}/s |" + (" tokens/s |" if text else "") + " p50 ms | p99 ms |"
     head += f" served ÷ it (perf_analyzer, c={pipe.ratio_concurrency}) |"
     head += " served ÷ it (HTTP load generator) |" if text else ""
-    lines = [f"### {pipe.name}: peers and in-process baselines (median of interleaved rounds)", "", head,
+    rounds = result.get("compare_repeats")
+    lines = [f"### {pipe.name}: peers and in-process baselines (median of {rounds or 'the'} interleaved rounds)", "",
+             head,
              "|---|---|---:|---:|" + ("---:|" if text else "") + "---:|---:|---:|" + ("---:|" if text else "")]
     for r in rows:
         line = (f"| {r['label']} | {r['where']} | {r['concurrency']} | {r['throughput']:.1f} |"
@@ -372,6 +375,7 @@ def write_outputs(out_dir: Path, results: dict[str, dict], settings: Settings, c
                              "baseline": [p.to_json() for p in r["baseline"]],
                              "peers": [p.to_json() for p in r.get("peers", [])],
                              "skipped": r.get("skipped", []), "mean_tokens": r.get("mean_tokens"),
+                             "compare_repeats": r.get("compare_repeats"),
                              "peer_table": peer_table(pipeline(name), r),
                              "ratios": ratios(pipeline(name), r)} for name, r in results.items()},
     }, indent=2))
@@ -395,7 +399,8 @@ def summary(results: dict[str, dict], meta: dict) -> str:
             lines.append(f"| {p.label} | {load} | {p.throughput:.1f} | {p.p50_ms:.1f} | {p.p95_ms:.1f} | "
                          f"{p.p99_ms:.1f} | {_split_text(p)} |")
         for p in r["baseline"]:
-            lines.append(f"| {p.label} (in-process) | c={p.concurrency} | {p.throughput:.1f} | {p.p50_ms:.1f} | "
+            label = p.label if "in-process" in p.label else f"{p.label} (in-process)"
+            lines.append(f"| {label} | c={p.concurrency} | {p.throughput:.1f} | {p.p50_ms:.1f} | "
                          f"{p.p95_ms:.1f} | {p.p99_ms:.1f} | |")
         for p in r.get("peers", []):
             lines.append(f"| {p.label} (HTTP load generator) | c={p.concurrency} | {p.throughput:.1f} | "
@@ -417,6 +422,7 @@ def plot(pipe: Pipeline, result: dict, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     fig, (whole, steps, right) = plt.subplots(1, 3, figsize=(18, 5.5))
     ensembles = {w.label for w in pipe.workloads if w.ensemble}
@@ -436,7 +442,8 @@ def plot(pipe: Pipeline, result: dict, path: Path) -> Path:
     for p in result.get("peers", []):
         whole.scatter([p.p99_ms], [p.throughput], marker="*", s=140, label=f"{p.label}, c={p.concurrency}")
     for b in result["baseline"]:
-        whole.scatter([b.p99_ms], [b.throughput], marker="x", s=60, label=f"{b.label} (in-process)")
+        label = b.label if "in-process" in b.label else f"{b.label} (in-process)"
+        whole.scatter([b.p99_ms], [b.throughput], marker="x", s=60, label=label)
     whole.set(xlabel="p99 latency (ms)", ylabel=f"{pipe.unit}/s",
               title=f"{pipe.name}: served vs peers and in-process (closed loop)")
     steps.set(xlabel="p99 latency (ms)", ylabel=f"{pipe.unit}/s (log)", title=f"{pipe.name}: each step alone")
@@ -444,6 +451,11 @@ def plot(pipe: Pipeline, result: dict, path: Path) -> Path:
     for ax in (whole, steps):
         ax.set_xscale("log")
         ax.grid(True, alpha=0.3)
+    for axis in (whole.xaxis, steps.xaxis, steps.yaxis):  # log axes: plain numbers at 1-2-5 steps
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    for ax in (whole, steps):
         if ax.lines or ax.collections:
             ax.legend(fontsize=6)
     whole.set_ylim(bottom=0)
