@@ -129,3 +129,13 @@ def test_an_fp32_fallback_shows_in_the_int8_models_config(st_dir, tmp_path):
     config = {e.config.name: e.config for e in kind.repository()}["tiny_fb_encoder"]
     assert config.parameters["tritonkit_precision"].startswith("fp32-fallback")
     assert "tritonkit_precision" in config.to_pbtxt()
+
+
+@pytest.mark.slow  # MPNet's directory is joined from its five zip parts the first time
+def test_larger_encoders_calibrate_in_smaller_batches():
+    """Calibration keeps every activation alive per run: MPNet (12 x 768) gets a quarter of MiniLM's (6 x 384)
+    batch, and the same number of calibration texts."""
+    minilm, mpnet = kinds.get("text_embedding"), kinds.get("all_mpnet_base_v2")
+    assert (minilm.calibration_batch, mpnet.calibration_batch) == (16, 4)
+    assert mpnet.calibration_batch_count() == 4 * minilm.calibration_batch_count()
+    assert max(len(b["input_ids"]) for b in mpnet.calibration_batches()) == 4

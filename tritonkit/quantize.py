@@ -498,6 +498,7 @@ def calibrate(
         providers=["CPUExecutionProvider"],
         extra_options=options,
     )
+    _without_arena(calibrator)
     if recipe.calibrate_method == "minmax":
         calibrator.collect_data(reader)
     else:
@@ -512,6 +513,18 @@ def calibrate(
     ranges = calibrator.compute_data()
     del calibrator
     return ranges
+
+
+def _without_arena(calibrator) -> None:
+    """The calibrator's session without ORT's CPU arena, which keeps its peak for every new batch shape; the
+    unoptimised calibration graph of a large encoder peaks at gigabytes per shape."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as the calibrator's own
+    options.enable_cpu_mem_arena = False
+    calibrator.infer_session = ort.InferenceSession(calibrator.augmented_model_path, sess_options=options,
+                                                    providers=["CPUExecutionProvider"])
 
 
 HISTOGRAM_CHUNK = 4  # calibration batches per histogram-collection pass

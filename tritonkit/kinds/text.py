@@ -8,6 +8,7 @@ transformer is called (tritonkit.kinds.architectures); the tokenizer is the dire
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from functools import cache, cached_property
@@ -30,7 +31,8 @@ OUTPUT = "embedding"
 VALIDATION_BATCHES = (1, 8, 33, 64)
 VALIDATION_LENGTHS = (8, 32, 64, 128, 256)
 CALIBRATION_TEXTS = 512
-CALIBRATION_BATCH = 16
+CALIBRATION_BATCH = 16  # texts per calibration run for an encoder of CALIBRATION_SIZE (MiniLM-L6: 6 layers x 384)
+CALIBRATION_SIZE = 6 * 384
 EVAL_BATCH = 32
 # Gates (a spec's [gates] may only tighten them): on the held-out corpus, FP32 as the reference.
 DEFAULT_GATES = {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3}
@@ -180,14 +182,22 @@ class TextEmbedding(Kind):
     def calibration_texts(self) -> list[str]:
         return with_long_texts(data.split("calibration")[:CALIBRATION_TEXTS])
 
+    @cached_property
+    def calibration_batch(self) -> int:
+        """Calibration runs the graph unoptimised with every activation alive until its min/max is taken, so its
+        memory grows with layers x width x batch: larger encoders calibrate in proportionally smaller batches."""
+        config = json.loads((self.model_dir() / "config.json").read_text())
+        size = int(config.get("num_hidden_layers", 6)) * int(config.get("hidden_size", 384))
+        return max(2, min(CALIBRATION_BATCH, CALIBRATION_BATCH * CALIBRATION_SIZE // size))
+
     def calibration_batches(self, texts: Sequence[str] | None = None,
-                            batch_size: int = CALIBRATION_BATCH) -> Iterable[dict]:
-        texts = list(texts or self.calibration_texts())
+                            batch_size: int | None = None) -> Iterable[dict]:
+        texts, batch_size = list(texts or self.calibration_texts()), batch_size or self.calibration_batch
         for start in range(0, len(texts), batch_size):
             yield self.encode(texts[start : start + batch_size])
 
     def calibration_batch_count(self) -> int:
-        return -(-CALIBRATION_TEXTS // CALIBRATION_BATCH)
+        return -(-CALIBRATION_TEXTS // self.calibration_batch)
 
     def eval_batches(self, split: str) -> list[dict[str, np.ndarray]]:
         """Held-out texts of a split, length-sorted into padded batches (rows come back in that order)."""
