@@ -13,6 +13,7 @@ import pytest
 from test_zoo import ZOO  # built by `make test-zoo` only (tens of minutes on 2 cores)
 
 from tritonkit import data, envinfo, kinds, paths
+from tritonkit.export import row_metric
 
 # The gates the project states per kind (README, docs/int8-search.md); a spec may tighten them, never loosen them.
 STATED = {
@@ -52,9 +53,6 @@ def _fallback(kind, built) -> bool:
     return True
 
 
-def _cos(a, b):
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TEXT)
@@ -68,7 +66,7 @@ def test_text_int8_meets_its_gates_on_the_test_split(name):
     texts = data.eval_texts("test")
     ref = kind.embed_onnx(kind.session(built.fp32), texts)
     got = kind.embed_onnx(kind.session(built.int8), texts)
-    cos = _cos(ref, got)
+    cos = row_metric("cosine", ref, got)
     sim_ref, sim_got = ref @ ref.T, got @ got.T  # unit vectors: cosine similarity
     np.fill_diagonal(sim_ref, -np.inf)
     np.fill_diagonal(sim_got, -np.inf)

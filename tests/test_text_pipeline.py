@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tritonkit_client import AsyncClient, Client, ClientError, embed, embed_async
 
 from tritonkit import data
+from tritonkit.export import row_metric
 from tritonkit.perf import metrics_counters
 
 pytestmark = pytest.mark.slow  # serves the built MiniLM pipeline
@@ -38,9 +39,6 @@ def _texts_of_mixed_lengths(n: int = 48) -> list[str]:
     return texts
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-
 
 def _concurrent_single_requests(url: str, model: str, texts: list[str]) -> np.ndarray:
     """One request per text, 16 in flight: the server batches requests of different lengths together."""
@@ -60,7 +58,7 @@ def test_fp32_ensemble_equals_sentence_transformers_concurrently(server):
     texts = _texts_of_mixed_lengths()
     want = st_model().encode(texts, batch_size=16)
     got = _concurrent_single_requests(server.http_url, "text_embedding_fp32", texts)
-    cos = _cos(got, want)
+    cos = row_metric("cosine", got, want)
     assert cos.min() >= 0.9999, f"worst text {int(cos.argmin())}: cos {cos.min():.6f}"
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
 
@@ -80,7 +78,7 @@ def test_batching_noise_is_bounded(server):
     texts = _texts_of_mixed_lengths()
     alone = _one_at_a_time(server.http_url, "text_embedding", texts)
     batched = _concurrent_single_requests(server.http_url, "text_embedding", texts)
-    noise = 1.0 - _cos(alone, batched)
+    noise = 1.0 - row_metric("cosine", alone, batched)
     assert noise.max() <= BATCHING_NOISE, f"text {int(noise.argmax())} moved by {noise.max():.2e} in a batch"
 
 
@@ -91,10 +89,10 @@ def test_int8_ensemble_is_the_offline_int8_model_and_meets_the_gate(server):
     got = _concurrent_single_requests(server.http_url, "text_embedding", texts)
     sess = minilm.session(ensure_text_built().int8)
     offline = np.concatenate([sess.run(["embedding"], minilm.encode([t]))[0] for t in texts])
-    noise = 1.0 - _cos(got, offline)
+    noise = 1.0 - row_metric("cosine", got, offline)
     assert noise.max() <= BATCHING_NOISE, f"served INT8 differs from the offline model by {noise.max():.2e}"
     # Against sentence-transformers' FP32 itself: the INT8 gate (a constant of the spec).
-    cos = _cos(got, st_model().encode(texts, batch_size=16))
+    cos = row_metric("cosine", got, st_model().encode(texts, batch_size=16))
     assert cos.min() >= minilm.gate("cosine_min"), f"worst text {int(cos.argmin())}: cos {cos.min():.5f}"
 
 
@@ -118,7 +116,7 @@ def test_batch_of_texts_in_one_request_and_all_clients_agree(server):
     aio_http = asyncio.run(embed_async(texts, url=server.http_url, batch_size=3, concurrency=4))
     aio_grpc = asyncio.run(embed_async(texts, url=server.grpc_url, protocol="grpc", batch_size=5))
     for other in (grpc, aio_http, aio_grpc):
-        assert _cos(other.vectors, http.vectors).min() > 0.9999
+        assert row_metric("cosine", other.vectors, http.vectors).min() > 0.9999
         assert (other.num_tokens == http.num_tokens).all() and (other.truncated == http.truncated).all()
 
 
@@ -128,7 +126,7 @@ def test_long_text_is_truncated_and_flagged(server):
     assert result.truncated.tolist() == [True, False]
     assert result.num_tokens[0] == 256 and result.num_tokens[1] < 10
     # Truncated exactly like sentence-transformers (max_seq_length 256).
-    assert _cos(result.vectors[:1], st_model().encode([long_text]))[0] >= 0.9999
+    assert row_metric("cosine", result.vectors[:1], st_model().encode([long_text]))[0] >= 0.9999
 
 
 @pytest.mark.parametrize(
