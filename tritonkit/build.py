@@ -111,7 +111,7 @@ def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, 
 
 def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
-               search_budget_s: float | None = None) -> list[int8.Outcome]:
+               search_budget_s: float | None = None, search_form: str | None = None) -> list[int8.Outcome]:
     """Both INT8 forms from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
     data = int8.load_recipes(spec)
@@ -121,7 +121,8 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
     if run_search or data is None:
         if data is None:
             _log(f"{spec.NAME}: no committed recipe ({paths.rel(int8.recipe_path(spec))}): searching")
-        data = int8.search(spec, fp32, progress=progress, budget_s=search_budget_s)
+        data = int8.search(spec, fp32, progress=progress, budget_s=search_budget_s,
+                           only=search_form if run_search else None)
         force = True
     outcomes = []
     for form, out, stage in (("served", artefact(spec.INT8_MODEL), "int8"),
@@ -147,7 +148,8 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
 
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
-          progress: bool = True, search_if_missing: bool = False, search_budget_s: float | None = None) -> BuildResult:
+          progress: bool = True, search_if_missing: bool = False, search_budget_s: float | None = None,
+          search_form: str | None = None) -> BuildResult:
     from tritonkit import generate
 
     spec = models.get(name)
@@ -162,7 +164,8 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     if skip_int8:
         return BuildResult(name, fp32, None, built)
     outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
-                          search_if_missing=search_if_missing, search_budget_s=search_budget_s)
+                          search_if_missing=search_if_missing, search_budget_s=search_budget_s,
+                          search_form=search_form)
     for path in generate.write([spec]):  # a fallback to FP32 shows in the INT8 model's config
         _log(f"{spec.NAME}: generated {paths.rel(path)}")
     served, trt = outcomes
@@ -178,14 +181,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--budget-minutes", type=float, metavar="M",
                         help="cap each form's search at M minutes of wall clock (it reports the best it found)")
+    parser.add_argument("--form", choices=list(int8.FORMS),
+                        help="with --search: re-search only this form, keeping the other's committed recipe")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.form and not args.search:
+        parser.error("--form only applies with --search")
     targets = models.names() if args.target == "all" else [args.target]
     status = 0
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
                        progress=not args.no_progress, search_if_missing=True,
-                       search_budget_s=args.budget_minutes * 60 if args.budget_minutes else None)
+                       search_budget_s=args.budget_minutes * 60 if args.budget_minutes else None,
+                       search_form=args.form)
         for outcome in result.outcomes:
             if outcome.status == "failed":
                 status = 1

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tritonkit import envinfo, paths
-from tritonkit.errors import GateError  # noqa: F401 - raised here, importable from here
+from tritonkit.errors import GateError
 from tritonkit.search import Evaluator, Recipe, Search, missed, speedup
 
 RECIPES = paths.SPECS
@@ -49,15 +49,31 @@ def _log(msg: str) -> None:
 
 # -- search --------------------------------------------------------------------------------------------------
 
-def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = None) -> dict:
-    """Search both forms (each within budget_s when given), write the committed recipe file and the full search
-    report; returns the recipe data."""
+def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = None,
+           only: str | None = None) -> dict:
+    """Search both forms (or `only` one, keeping the other's committed recipe and log), each within budget_s when
+    given; write the committed recipe file and the full search report; returns the recipe data."""
     from tritonkit.export import write_json
 
     t0 = time.perf_counter()
     out: dict = {"model": spec.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
     full: dict = {}
+    if only is not None:
+        if only not in FORMS:
+            raise GateError(f"form: '{only}' is not one of {', '.join(FORMS)}")
+        kept, log = load_recipes(spec), REPORTS / f"{spec.NAME}_int8_search.json"
+        if kept is None:
+            raise GateError(f"form: searching only '{only}' needs a committed recipe for the other form "
+                            f"({paths.rel(recipe_path(spec))}); run `{search_command(spec)}` first")
+        old = json.loads(log.read_text()).get("search", {}) if log.exists() else {}
+        for form in FORMS:
+            if form != only:
+                out[form] = kept[form]
+                if form in old:
+                    full[form] = old[form]
     for form, forms in FORMS.items():
+        if only is not None and form != only:
+            continue
         _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
         result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
                         log=_log).run()

@@ -394,7 +394,9 @@ class Search:
         for form in self.forms:
             for placement in placements:
                 r = Recipe(form=form, placement=placement)
-                step = self.measure("start", f"form={form} placement={placement}", r, speed=True)
+                # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
+                step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
+                                    evaluator=self.sample)
                 if step is None:
                     continue
                 if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
