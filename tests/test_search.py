@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -124,6 +126,32 @@ def test_a_spent_budget_stops_the_search_and_says_so(tiny):
     assert not result.passed and "budget" in result.reason
     assert {s.stage for s in result.steps} <= {"start", "variant", "fallback"}
     assert any("budget" in line for line in logs)
+
+
+def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
+    path, _ = tiny
+    calls: list[tuple] = []
+    from tritonkit import quantize
+
+    original = quantize.calibrate
+
+    def counting(prepared, recipe, *args, **kwargs):
+        calls.append((recipe.calibrate_method, recipe.smooth_alpha))
+        return original(prepared, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(quantize, "calibrate", counting)
+    workspace = search.Workspace()
+    try:
+        first = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                              workspace=workspace).run()
+        after_first = len(calls)
+        second = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False,
+                               log=lambda _m: None, workspace=workspace).run()
+        assert Path(workspace.tmp.name).exists(), "a search closed the workspace it was lent"
+    finally:
+        workspace.close()
+    assert after_first >= 1 and len(calls) == after_first, "the second search calibrated again"
+    assert second.recipe == first.recipe
 
 
 def test_scoring_and_units():

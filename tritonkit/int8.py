@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tritonkit import envinfo, paths
 from tritonkit.errors import GateError
-from tritonkit.search import Evaluator, Recipe, Search, missed, speedup
+from tritonkit.search import Evaluator, Recipe, Search, Workspace, missed, speedup
 
 RECIPES = paths.SPECS
 REPORTS = paths.REPORTS
@@ -71,23 +71,27 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 out[form] = kept[form]
                 if form in old:
                     full[form] = old[form]
-    for form, forms in FORMS.items():
-        if only is not None and form != only:
-            continue
-        _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
-        result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
-                        log=_log).run()
-        full[form] = result.to_json()
-        out[form] = {
-            "recipe": asdict(result.recipe) if result.recipe else None,
-            "status": "passed" if result.passed else FALLBACK,
-            "reason": result.reason,
-            "search_seconds": result.seconds,
-            "validation": result.validation,
-            "test": result.test,
-        }
-        found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
-        _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
+    workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
+    try:
+        for form, forms in FORMS.items():
+            if only is not None and form != only:
+                continue
+            _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
+            result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
+                            log=_log, workspace=workspace).run()
+            full[form] = result.to_json()
+            out[form] = {
+                "recipe": asdict(result.recipe) if result.recipe else None,
+                "status": "passed" if result.passed else FALLBACK,
+                "reason": result.reason,
+                "search_seconds": result.seconds,
+                "validation": result.validation,
+                "test": result.test,
+            }
+            found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
+            _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
+    finally:
+        workspace.close()
     out["search_seconds"] = round(time.perf_counter() - t0, 1)
     path = recipe_path(spec)
     path.parent.mkdir(parents=True, exist_ok=True)

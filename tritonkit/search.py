@@ -284,10 +284,26 @@ class Track:
     distortion: float
 
 
+class Workspace:
+    """What searches of one model share: prepared graphs, calibrated ranges, the validation references. The
+    TensorRT form's graphs and ranges are the served search's int8/inputs ones, so the second search calibrates
+    nothing new."""
+
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="tritonkit-search-")
+        self.prepared: dict[tuple, Any] = {}
+        self.ranges: dict[tuple, Any] = {}
+        self.val: Evaluator | None = None
+
+    def close(self) -> None:
+        self.tmp.cleanup()
+
+
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
-                 budget_s: float | None = None, progress: bool = True, log: Callable = print):
+                 budget_s: float | None = None, progress: bool = True, log: Callable = print,
+                 workspace: Workspace | None = None):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
@@ -299,10 +315,8 @@ class Search:
         self.rank_targets = [*spec.TARGETS, *getattr(spec, "PROXY_TARGETS", [])]
         self.steps: list[Step] = []
         self.sensitivity: list[dict] = []
-        self._tmp = tempfile.TemporaryDirectory(prefix="tritonkit-search-")
-        self._prepared: dict[tuple, Any] = {}
-        self._ranges: dict[tuple, Any] = {}
-        self._val: Evaluator | None = None
+        self._own = workspace is None  # a workspace passed in outlives this search; its owner closes it
+        self.ws = workspace or Workspace()
         self._sample: Evaluator | None = None
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
@@ -310,22 +324,22 @@ class Search:
         from tritonkit.quantize import prepare
 
         key = (r.placement, r.smooth_alpha, r.bias_correction)
-        if key not in self._prepared:
-            work = Path(self._tmp.name) / f"prep{len(self._prepared)}"
+        if key not in self.ws.prepared:
+            work = Path(self.ws.tmp.name) / f"prep{len(self.ws.prepared)}"
             work.mkdir()
-            self._prepared[key] = prepare(self.fp32, replace(r, float_nodes=[]).to_quant(self.spec.WEIGHT_OPS),
+            self.ws.prepared[key] = prepare(self.fp32, replace(r, float_nodes=[]).to_quant(self.spec.WEIGHT_OPS),
                                           self.spec.calibration_batches, work, self.spec.calibration_batch_count())
-        return self._prepared[key]
+        return self.ws.prepared[key]
 
     def _calibrate(self, r: Recipe):
         from tritonkit.quantize import calibrate
 
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.calibrate_method, json.dumps(r.extra_options))
-        if key not in self._ranges:
+        if key not in self.ws.ranges:
             prepared = self._prepare(r)
-            self._ranges[key] = calibrate(prepared, r.to_quant(self.spec.WEIGHT_OPS), self.spec.calibration_batches,
+            self.ws.ranges[key] = calibrate(prepared, r.to_quant(self.spec.WEIGHT_OPS), self.spec.calibration_batches,
                                           prepared.path.parent, self.spec.calibration_batch_count(), self.progress)
-        return self._ranges[key]
+        return self.ws.ranges[key]
 
     def build(self, r: Recipe):
         from tritonkit.quantize import quantize_prepared
@@ -335,9 +349,9 @@ class Search:
 
     @property
     def val(self) -> Evaluator:
-        if self._val is None:
-            self._val = Evaluator(self.spec, self.fp32, "validation")
-        return self._val
+        if self.ws.val is None:
+            self.ws.val = Evaluator(self.spec, self.fp32, "validation")
+        return self.ws.val
 
     @property
     def early_speed(self) -> float:
@@ -549,7 +563,8 @@ class Search:
                             chosen=recipe)
 
     def _result(self, recipe, validation, test, speed, failed, t0, reason, chosen=None) -> SearchResult:
-        self._tmp.cleanup()
+        if self._own:
+            self.ws.close()
         res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
                            round(time.perf_counter() - t0, 1), recipe is not None, reason)
         if chosen is not None and recipe is None:
