@@ -515,6 +515,9 @@ class Search:
             for name, variant in self.variants(track):
                 if scored and self.spent():
                     break
+                if variant == track.recipe:  # its start was measured on this same sample
+                    scored.append((track.distortion, name, variant))
+                    continue
                 step = self.measure("variant", name, variant, evaluator=self.sample)
                 if step is not None:
                     scored.append((step.distortion, name, variant))
