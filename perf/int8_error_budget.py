@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     search = Search(spec, fp32, ["uint8"], check_speed=False, progress=False, log=lambda *_: None)
     val = search.val
     rows = []
-    tmp = Path(tempfile.mkdtemp(prefix="tritonkit-budget-"))
+    workdir = tempfile.TemporaryDirectory(prefix="tritonkit-budget-")
+    tmp = Path(workdir.name)
 
     def depthwise(node, attrs):
         return node.op_type == "Conv" and attrs.get("group", 1) > 1
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if "Conv" in spec.WEIGHT_OPS:
             r = replace(base, bias_correction=True)
             row(f"full Q/DQ {r.describe()}", search.build(r))
+    workdir.cleanup()
     out = args.out or Path("build/reports") / f"{spec.NAME}_int8_error_budget.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": spec.NAME, "split": "validation", "created": time.strftime("%Y-%m-%d"),

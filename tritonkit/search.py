@@ -282,6 +282,7 @@ class Track:
     recipe: Recipe
     metrics: dict[str, float]
     distortion: float
+    scored_on: Evaluator | None = None  # the sample its start was measured on (replaced between tracks)
 
 
 class Workspace:
@@ -416,7 +417,7 @@ class Search:
                 if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
                     self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
                     continue
-                tracks.append(Track(r, step.metrics, step.distortion))
+                tracks.append(Track(r, step.metrics, step.distortion, self.sample))
         tracks.sort(key=lambda t: t.distortion)
         return tracks[: self.max_tracks]
 
@@ -515,7 +516,7 @@ class Search:
             for name, variant in self.variants(track):
                 if scored and self.spent():
                     break
-                if variant == track.recipe:  # its start was measured on this same sample
+                if variant == track.recipe and track.scored_on is self.sample:  # measured at the start
                     scored.append((track.distortion, name, variant))
                     continue
                 step = self.measure("variant", name, variant, evaluator=self.sample)
