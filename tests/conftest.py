@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tritonkit.server import TritonServer
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A killed pytest (SIGTERM, e.g. `pkill pytest`) would otherwise skip fixture teardown and atexit, leaving its
+# tritonservers (own process groups) running; as an interrupt, teardown stops them.
+signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(scope="session")

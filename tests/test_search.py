@@ -165,3 +165,5 @@ def test_scoring_and_units():
     grouped = search.group_units(nodes, 4)
     assert grouped["m/_blocks.1"] == ["/m/_blocks.1/conv0/Conv", "/m/_blocks.1/conv1/Conv"]
     assert grouped["/m/_fc/Gemm"] == ["/m/_fc/Gemm"]
+    assert grouped["role:m/_blocks.*/conv1/Conv"] == [f"/m/_blocks.{i}/conv1/Conv" for i in range(3)]
+    assert len(grouped) == 3 + 1 + 2  # blocks, the unindexed head, roles across blocks

@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"re-run `python -m tritonkit.build {target} --search`")
             elif outcome.status == int8.FALLBACK:
                 _log(f"{target}: {outcome.form} form serves FP32 (no INT8 candidate passed every gate)")
-        _log(f"{target}: done ({', '.join(result.built) or 'nothing to do'})")
+        forms = "".join(f"; {o.form} INT8 {o.status}" for o in result.outcomes)
+        _log(f"{target}: done (built {', '.join(result.built) or 'nothing'}{forms})")
     return status
 
 

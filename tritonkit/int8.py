@@ -229,11 +229,23 @@ def render_markdown(report: dict) -> str:
         for s in search["steps"]:
             lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {s['distortion']:.3f} | "
                          f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
+        lines += ["", "Time by stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())]
         for sens in search.get("sensitivity") or []:
             top = sens["units"][:8]
             lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
                       + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
     return "\n".join(lines) + "\n"
+
+
+def stage_seconds(search: dict) -> dict[str, float]:
+    """Where a search's time went: its measured steps by stage, the sensitivity scans, and the rest (calibration
+    outside steps, the final speed and test-split runs)."""
+    out: dict[str, float] = {}
+    for s in search.get("steps") or []:
+        out[s["stage"]] = out.get(s["stage"], 0.0) + s.get("seconds", 0.0)
+    out["sensitivity"] = sum(x.get("seconds", 0.0) for x in search.get("sensitivity") or [])
+    out["other"] = max(0.0, (search.get("seconds") or 0.0) - sum(out.values()))
+    return out
 
 
 def _f(v) -> str:

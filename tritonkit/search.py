@@ -259,18 +259,25 @@ def families(model_path: Path, weight_ops: Sequence[str]) -> dict[str, list[str]
 
 
 def group_units(nodes: Sequence[str], max_units: int) -> dict[str, list[str]]:
-    """One unit per node, or per block (the name up to its first indexed path segment) when there are too many
-    for a one-at-a-time scan to stay cheap."""
+    """One unit per node or, when there are too many for a one-at-a-time scan to stay cheap, one per block (the
+    name up to its first indexed path segment) and one per role across blocks (that name with the index
+    wildcarded, e.g. every layer's FFN output): sensitivity concentrates in either, and units may overlap."""
     import re
 
     if len(nodes) <= max_units:
         return {n: [n] for n in nodes}
-    units: dict[str, list[str]] = {}
+    blocks: dict[str, list[str]] = {}
+    roles: dict[str, list[str]] = {}
     for n in nodes:
         parts = n.strip("/").split("/")
-        key = next((("/".join(parts[: i + 1])) for i, p in enumerate(parts) if re.search(r"[._]\d+$", p)), n)
-        units.setdefault(key, []).append(n)
-    return units
+        i = next((i for i, p in enumerate(parts) if re.search(r"[._]\d+$", p)), None)
+        if i is None:
+            blocks.setdefault(n, []).append(n)
+            continue
+        blocks.setdefault("/".join(parts[: i + 1]), []).append(n)
+        role = "/".join([*parts[:i], re.sub(r"\d+$", "*", parts[i]), *parts[i + 1:]])
+        roles.setdefault(f"role:{role}", []).append(n)
+    return {**blocks, **{k: v for k, v in roles.items() if len(v) > 1}}
 
 
 # -- the search ----------------------------------------------------------------------------------------------
@@ -445,6 +452,7 @@ class Search:
             raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node to quantize")
         units = {**families(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS),
                  **group_units(nodes, self.max_units)}
+        t0 = time.perf_counter()
         base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe)))
         ranked = []
         for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
@@ -459,7 +467,7 @@ class Search:
             gain = base - distortion(self.rank_targets, self.sample.metrics(model))
             ranked.append((unit, members, gain))
         ranked.sort(key=lambda u: -u[2])
-        self.sensitivity.append({"recipe": track.recipe.describe(),
+        self.sensitivity.append({"recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
                                  "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
         return ranked
 
