@@ -145,3 +145,26 @@ def test_serve_script_without_venv_says_run_setup(tmp_path):
     result = subprocess.run([str(script)], capture_output=True, text=True)
     assert result.returncode == 2
     assert "make setup" in result.stderr
+
+
+def test_sigterm_to_pytest_stops_the_servers_its_fixtures_started(tmp_path):
+    """`pkill pytest` must not leave tritonservers behind (they run in their own process groups)."""
+    pid_file = tmp_path / "server.pid"
+    env = {**os.environ, "TRITONKIT_PROBE_PID": str(pid_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             str(paths.ROOT / "tests" / "probes" / "sigterm_probe.py")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), proc.communicate()[0] if proc.poll() is not None else "probe never started its server"
+    server_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    for _ in range(100):
+        if not Path(f"/proc/{server_pid}").exists():
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(server_pid, signal.SIGKILL)
+        pytest.fail(f"tritonserver {server_pid} outlived the SIGTERM'd pytest:\n{out}")

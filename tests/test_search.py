@@ -154,6 +154,55 @@ def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
     assert second.recipe == first.recipe
 
 
+def test_both_placements_share_one_calibration(tiny, monkeypatch):
+    """`inputs` and `all` differ only by input isolation: one calibration serves both."""
+    path, _ = tiny
+    calls: list[Path] = []
+    from tritonkit import quantize
+
+    original = quantize.calibrate
+
+    def counting(prepared, *args, **kwargs):
+        calls.append(prepared.base)
+        return original(prepared, *args, **kwargs)
+
+    monkeypatch.setattr(quantize, "calibrate", counting)
+    s = search.Search(TinySpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    s.start()
+    assert len(s.ws.prepared) == 2 and len(calls) == 1, calls
+
+
+def test_an_isolated_copy_gets_its_sources_range(tmp_path):
+    """Calibrating the graph before isolation and copying ranges = calibrating the isolated graph itself."""
+    import torch
+
+    from tritonkit import quantize
+
+    class Branch(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.b(h) + h.sum(-1, keepdim=True)  # h feeds a quantized Gemm and a float ReduceSum
+
+    torch.manual_seed(0)
+    path = tmp_path / "branch.onnx"
+    torch.onnx.export(Branch().eval(), (torch.zeros(4, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
+    spec = TinySpec()
+    recipe = search.Recipe(form="int8", placement="inputs").to_quant(spec.WEIGHT_OPS)
+    prepared = quantize.prepare(path, recipe, spec.calibration_batches, tmp_path, spec.calibration_batch_count())
+    shared = quantize.calibrate(prepared, recipe, spec.calibration_batches, tmp_path, progress=False)
+    direct = quantize.calibrate(quantize.Prepared(prepared.path), recipe, spec.calibration_batches, tmp_path,
+                                progress=False)
+    copies = [k for k in direct if k.endswith("_qinput")]
+    assert copies, "the branch was not isolated"
+    for name in direct:
+        assert np.allclose(np.array(shared[name].range_value), np.array(direct[name].range_value)), name
+
+
 def test_scoring_and_units():
     gates = [Target("a", ">=", 0.99), Target("b", "<=", 0.1)]
     assert search.passes(gates, {"a": 0.995, "b": 0.05})

@@ -430,6 +430,7 @@ class Prepared:
     path: Path
     original_biases: dict[str, np.ndarray] = field(default_factory=dict)
     corrected_by: dict[str, str] = field(default_factory=dict)  # bias initializer -> conv node name
+    base: Path | None = None  # the graph before input isolation (same tensors, fewer copies): what is calibrated
 
 
 def prepare(
@@ -466,9 +467,10 @@ def prepare(
             if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] in before:
                 originals[node.input[2]] = numpy_helper.to_array(before[node.input[2]])
                 corrected_by[node.input[2]] = node.name
+    base = source
     if recipe.isolate_inputs and recipe.op_types:
         source = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types), set(excluded))
-    return Prepared(source, originals, corrected_by)
+    return Prepared(source, originals, corrected_by, base)
 
 
 def calibrate(
@@ -480,18 +482,20 @@ def calibrate(
     progress: bool = True,
 ):
     """Activation ranges (onnxruntime TensorsData) of every quantizable tensor: one calibration serves any
-    exclusion set and both activation forms, so a search quantizes many times per calibration."""
+    exclusion set and both activation forms, so a search quantizes many times per calibration. The graph before
+    input isolation is calibrated (an isolated copy's range is its source's), so both placements can share it."""
     import onnx
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    input_names = [i.name for i in onnx.load(str(prepared.path), load_external_data=False).graph.input]
+    graph_path = prepared.base or prepared.path
+    input_names = [i.name for i in onnx.load(str(graph_path), load_external_data=False).graph.input]
     reader = BatchReader(batches, total=recipe.calibration_batches or total_batches,
                          desc=f"calibrate {recipe.name}", input_names=input_names, progress=progress)
     keys = {"CalibPercentile": "percentile", "CalibMovingAverage": "moving_average",
             "CalibMaxIntermediateOutputs": "max_intermediate_outputs"}
     options = {key: recipe.extra_options[name] for name, key in keys.items() if name in recipe.extra_options}
     calibrator = create_calibrator(
-        Path(prepared.path),
+        Path(graph_path),
         _all_op_types(),
         augmented_model_path=str(Path(workdir) / f"augmented-{recipe.calibrate_method}.onnx"),
         calibrate_method=_method(recipe.calibrate_method),
@@ -512,7 +516,20 @@ def calibrate(
                 break
     ranges = calibrator.compute_data()
     del calibrator
-    return ranges
+    return with_isolated_copies(ranges, prepared.path)
+
+
+def with_isolated_copies(ranges, model_path: Path):
+    """`ranges` plus one entry per isolated input copy (`<tensor>_qinput`, an Identity of `<tensor>`)."""
+    import onnx
+    from onnxruntime.quantization.calibrate import TensorsData
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    copies = {n.output[0]: ranges[n.input[0]] for n in graph.node
+              if n.op_type == "Identity" and n.output[0] == f"{n.input[0]}_qinput" and n.input[0] in ranges}
+    if not copies:
+        return ranges
+    return TensorsData(ranges.calibration_method, {**ranges.data, **copies})
 
 
 def _without_arena(calibrator) -> None:

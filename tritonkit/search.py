@@ -301,6 +301,7 @@ class Workspace:
         self.tmp = tempfile.TemporaryDirectory(prefix="tritonkit-search-")
         self.prepared: dict[tuple, Any] = {}
         self.ranges: dict[tuple, Any] = {}
+        self.digests: dict[Path, str] = {}
         self.val: Evaluator | None = None
 
     def close(self) -> None:
@@ -342,12 +343,24 @@ class Search:
     def _calibrate(self, r: Recipe):
         from tritonkit.quantize import calibrate
 
-        key = (r.placement, r.smooth_alpha, r.bias_correction, r.calibrate_method, json.dumps(r.extra_options))
+        from tritonkit.quantize import with_isolated_copies
+
+        prepared = self._prepare(r)
+        # Keyed by the calibrated graph's content: placements whose graphs differ only by input isolation share it.
+        key = (self._digest(prepared.base or prepared.path), r.calibrate_method, json.dumps(r.extra_options))
         if key not in self.ws.ranges:
-            prepared = self._prepare(r)
             self.ws.ranges[key] = calibrate(prepared, r.to_quant(self.spec.WEIGHT_OPS), self.spec.calibration_batches,
                                           prepared.path.parent, self.spec.calibration_batch_count(), self.progress)
-        return self.ws.ranges[key]
+        return with_isolated_copies(self.ws.ranges[key], prepared.path)
+
+    def _digest(self, path: Path) -> str:
+        import hashlib
+
+        import onnx
+
+        if path not in self.ws.digests:
+            self.ws.digests[path] = hashlib.sha256(onnx.load(str(path)).SerializeToString()).hexdigest()
+        return self.ws.digests[path]
 
     def build(self, r: Recipe):
         from tritonkit.quantize import quantize_prepared
