@@ -341,9 +341,7 @@ class Search:
         return self.ws.prepared[key]
 
     def _calibrate(self, r: Recipe):
-        from tritonkit.quantize import calibrate
-
-        from tritonkit.quantize import with_isolated_copies
+        from tritonkit.quantize import calibrate, with_isolated_copies
 
         prepared = self._prepare(r)
         # Keyed by the calibrated graph's content: placements whose graphs differ only by input isolation share it.
