@@ -139,11 +139,12 @@ def _method(name: str):
     return methods[name]
 
 
-def resolve_excluded(model_path: Path, recipe: QuantRecipe) -> list[str]:
-    """Exact names plus every node whose name matches one of the recipe's patterns."""
+def resolve_excluded(model_path, recipe: QuantRecipe) -> list[str]:
+    """Exact names plus every node whose name matches one of the recipe's patterns (a path or a loaded model)."""
     import onnx
 
-    graph = onnx.load(str(model_path), load_external_data=False).graph
+    graph = model_path.graph if isinstance(model_path, onnx.ModelProto) else \
+        onnx.load(str(model_path), load_external_data=False).graph
     names = [n.name for n in graph.node]
     missing = [n for n in recipe.nodes_to_exclude if n not in names]
     if missing:
@@ -431,6 +432,18 @@ class Prepared:
     original_biases: dict[str, np.ndarray] = field(default_factory=dict)
     corrected_by: dict[str, str] = field(default_factory=dict)  # bias initializer -> conv node name
     base: Path | None = None  # the graph before input isolation (same tensors, fewer copies): what is calibrated
+    _inferred: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def inferred_copy(self):
+        """A fresh copy of the shape-inferred graph the quantizer edits; inferred once (seconds on an encoder)."""
+        import onnx
+        from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+
+        if self._inferred is None:
+            self._inferred = load_model_with_shape_infer(Path(self.path))
+        model = onnx.ModelProto()
+        model.CopyFrom(self._inferred)
+        return model
 
 
 def prepare(
@@ -561,20 +574,21 @@ def _all_op_types() -> list[str]:
     return sorted(set(QLinearOpsRegistry) | set(QDQRegistry))
 
 
-def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded: Iterable[str] = ()):
-    """Q/DQ ModelProto of a prepared graph with precomputed ranges; `excluded` nodes (plus the recipe's) stay float."""
+def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded: Iterable[str] = (),
+                      check: bool = True):
+    """Q/DQ ModelProto of a prepared graph with precomputed ranges; `excluded` nodes (plus the recipe's) stay float.
+    `check=False` skips onnx's full checker (a search's candidates only feed onnxruntime, which checks them)."""
     import copy
 
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
-    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
 
     if recipe.activation_type not in ACTIVATION_TYPES:
         raise QuantizationError(f"recipe '{recipe.name}': activation_type must be one of {ACTIVATION_TYPES}")
-    excluded = list(dict.fromkeys([*resolve_excluded(prepared.path, recipe), *excluded]))
-    model = load_model_with_shape_infer(Path(prepared.path))
+    model = prepared.inferred_copy()
+    excluded = list(dict.fromkeys([*resolve_excluded(model, recipe), *excluded]))
     # A float conv must keep its original bias: the correction only offsets its int8 weights' error.
     restore = {b for b, node in prepared.corrected_by.items() if node in set(excluded)}
     for init in model.graph.initializer:
@@ -604,7 +618,8 @@ def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded:
     out = quantizer.model.model
     out.producer_name = f"tritonkit.quantize:{recipe.name}"
     check_qdq(out, recipe.activation_type, per_channel=recipe.per_channel)
-    onnx.checker.check_model(out)
+    if check:
+        onnx.checker.check_model(out)
     return out
 
 

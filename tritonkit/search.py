@@ -364,7 +364,7 @@ class Search:
         from tritonkit.quantize import quantize_prepared
 
         return quantize_prepared(self._prepare(r), self._calibrate(r), r.to_quant(self.spec.WEIGHT_OPS),
-                                 r.float_nodes)
+                                 r.float_nodes, check=False)
 
     @property
     def val(self) -> Evaluator:
