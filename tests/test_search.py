@@ -216,3 +216,14 @@ def test_scoring_and_units():
     assert grouped["/m/_fc/Gemm"] == ["/m/_fc/Gemm"]
     assert grouped["role:m/_blocks.*/conv1/Conv"] == [f"/m/_blocks.{i}/conv1/Conv" for i in range(3)]
     assert len(grouped) == 3 + 1 + 2  # blocks, the unindexed head, roles across blocks
+
+
+def test_docs_keep_the_last_documented_search_of_a_replayed_model():
+    from tritonkit.int8 import _search_sections
+
+    page = ("# INT8 results\n\n## m INT8 (served form): PASSED\n\nrecipe\n\n"
+            "## Search (10.0 s on the validation split)\n| step |\n\n## m INT8 (tensorrt form): FP32-FALLBACK\n\n_Search log of an earlier run (kept):_\n\n"
+            "## Search (5.0 s on the validation split)\nsteps\n")
+    sections = _search_sections(page)
+    assert sections[("m", "served")] == "## Search (10.0 s on the validation split)\n| step |\n"
+    assert sections[("m", "tensorrt")] == "## Search (5.0 s on the validation split)\nsteps\n"
