@@ -222,7 +222,8 @@ def test_docs_keep_the_last_documented_search_of_a_replayed_model():
     from tritonkit.int8 import _search_sections
 
     page = ("# INT8 results\n\n## m INT8 (served form): PASSED\n\nrecipe\n\n"
-            "## Search (10.0 s on the validation split)\n| step |\n\n## m INT8 (tensorrt form): FP32-FALLBACK\n\n_Search log of an earlier run (kept):_\n\n"
+            "## Search (10.0 s on the validation split)\n| step |\n\n"
+            "## m INT8 (tensorrt form): FP32-FALLBACK\n\n_Search log of an earlier run (kept):_\n\n"
             "## Search (5.0 s on the validation split)\nsteps\n")
     sections = _search_sections(page)
     assert sections[("m", "served")] == "## Search (10.0 s on the validation split)\n| step |\n"
