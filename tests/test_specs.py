@@ -33,6 +33,15 @@ def test_the_first_pipelines_keep_their_names():
                      "text_embedding_fused"}
 
 
+def test_config_comparison_counts_fields_not_formatting():
+    old = 'name: "m"  # hand-written\nmax_batch_size: 64\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+    same = '# generated\ninput [\n  { name: "x" data_type: TYPE_FP32 dims: [ 4 ] }\n]\nmax_batch_size: 64\nname: "m"\n'
+    assert generate.config_differences(old, same) == []
+    changed = same.replace("64", "32").replace("[ 4 ]", "[ 8 ]")
+    assert generate.config_differences(old, changed) == [("input[0].dims[0]", "4", "8"),
+                                                          ("maxBatchSize", 64, 32)]
+
+
 @pytest.mark.parametrize(("change", "field", "words"), [
     ({"name": "Bad-Name"}, "name", "Triton model name"),
     ({"kind": "audio"}, "kind", "text-embedding, image-classification"),

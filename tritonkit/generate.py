@@ -193,10 +193,50 @@ def stale(kinds: list | None = None) -> list[str]:
     return out
 
 
+def config_differences(old_text: str, new_text: str) -> list[tuple[str, object, object]]:
+    """(field path, old, new) for every field two config.pbtxt texts set differently, compared as parsed
+    ModelConfig messages (comments, order and formatting do not count)."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    def flat(value, prefix: str = "") -> dict[str, object]:
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}.{key}".lstrip(".")).items()}
+        if isinstance(value, list):
+            return {k: v for i, item in enumerate(value) for k, v in flat(item, f"{prefix}[{i}]").items()}
+        return {prefix: value}
+
+    a, b = (flat(json_format.MessageToDict(text_format.Parse(t, model_config_pb2.ModelConfig())))
+            for t in (old_text, new_text))
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def compare_with(rev: str) -> int:
+    """Every generated config against the same model's config.pbtxt at git revision `rev` (e.g. the last
+    hand-written one): prints the fields that differ."""
+    import subprocess
+
+    for path in sorted(p for p in files() if p.name == "config.pbtxt"):
+        rel = path.relative_to(paths.ROOT).as_posix()
+        old = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=paths.ROOT, capture_output=True, text=True)
+        if old.returncode != 0:
+            print(f"{rel}: not at {rev}")
+            continue
+        diffs = config_differences(old.stdout, path.read_text())
+        print(f"{rel}: {'identical fields' if not diffs else f'{len(diffs)} field(s) differ'}")
+        for field_path, a, b in diffs:
+            print(f"    {field_path}: {a!r} -> {b!r}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tritonkit.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail (exit 1) if a generated file is stale")
+    parser.add_argument("--compare", metavar="REV",
+                        help="print how each generated config differs, field by field, from its git revision REV")
     args = parser.parse_args(argv)
+    if args.compare:
+        return compare_with(args.compare)
     if args.check:
         bad = stale()
         for path in bad:
