@@ -529,7 +529,11 @@ class Search:
                  + (f", budget {self.budget_s / 60:.0f} min" if self.budget_s else ""))
         failed: list[dict] = []
         ok: list[tuple[Recipe, dict]] = []
-        for track in self.start():
+        slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
+        for i, track in enumerate(self.start()):
+            if i and self.spent():  # the first track always reports; a spent budget starts no other
+                self.log(f"  budget spent: track {track.recipe.describe()} not searched")
+                break
             # Every variant at full INT8 on the sample; the best one orders the units for all of them.
             scored = []
             for name, variant in self.variants(track):
@@ -563,14 +567,19 @@ class Search:
                 self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
                 finals.append((recipe, speed))
             if self.check_speed:
-                failed += [{"recipe": r.describe(), "speedup": s.get("int8_speedup")} for r, s in finals
-                           if not self.spec.SPEED_TARGET.met(s)]
+                slow += [(r, s) for r, s in finals if not self.spec.SPEED_TARGET.met(s)]
+                failed += [{"recipe": r.describe(), "accuracy": "passed (validation)", "speed": s,
+                            "speedup": s.get("int8_speedup")} for r, s in finals if not self.spec.SPEED_TARGET.met(s)]
                 finals = [(r, s) for r, s in finals if self.spec.SPEED_TARGET.met(s)]
             ok += finals
             if ok:  # tracks run best first: the first that passes ends the search
                 break
         if not ok:
             why = "no candidate met the accuracy and speed gates"
+            if slow:  # the accuracy gates held, at a price in float nodes the speed gate does not allow
+                r, sp = max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))
+                why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} against "
+                        f"FP32, under the {self.spec.SPEED_TARGET.value}x speed gate")
             if self.spent():
                 why += f" within the search budget ({self.budget_s / 60:.0f} min)"
             return self._result(None, {}, {}, {}, failed, t0, why)
