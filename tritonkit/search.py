@@ -482,9 +482,10 @@ class Search:
                                  "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
         return ranked
 
-    def fallback(self, name: str, start: Recipe, ranked) -> Recipe | None:
+    def fallback(self, name: str, start: Recipe, ranked, max_float: int | None = None) -> Recipe | None:
         """Cumulative fallback in sensitivity order, scored on the validation sample, until the gates hold there
-        (with the margin); then on the whole validation split, adding units while it does not hold yet."""
+        (with the margin); then on the whole validation split, adding units while it does not hold yet.
+        `max_float`: a candidate already passed with that many float nodes; one with as many cannot be faster."""
         r, whole = start, False
         # Single units' gains are noisy (a few photos flip either way): go down the ranking whatever the sign,
         # and stop once the distortion has not improved for PATIENCE steps.
@@ -499,6 +500,9 @@ class Search:
                 if set(members) <= set(r.float_nodes):
                     continue  # already float through a family
                 r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
+                if max_float is not None and len(r.float_nodes) >= max_float:
+                    self.log(f"  stopped: {len(r.float_nodes)} float nodes, no fewer than a passing candidate's")
+                    return None
                 step = self.measure("fallback", f"{name} +float {unit}", r, evaluator=self.val if whole else
                                     self.sample)
             if step is not None and unit is not None and not whole:
@@ -555,7 +559,8 @@ class Search:
             for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
                     break
-                recipe = self.fallback(name, variant, ranked)
+                recipe = self.fallback(name, variant, ranked,
+                                       min(len(r.float_nodes) for r, _ in finals) if finals else None)
                 if recipe is None:
                     best = min((s for s in self.steps if s.stage in ("fallback", "confirm")
                                 and s.change.startswith(name)), key=lambda s: s.distortion, default=None)
