@@ -361,8 +361,10 @@ def correct_biases(
     return out_path
 
 
-def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str], excluded: set[str]) -> Path:
-    """Insert one Identity per activation that feeds both quantized and float consumers.
+def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str],
+                   excluded: set[str]) -> tuple[Path, dict[str, str]]:
+    """Insert one Identity per activation that feeds both quantized and float consumers; returns the new graph's
+    path and {copy: the tensor it copies}.
 
     onnxruntime puts Q/DQ on the tensor itself, so every reader sees the rounded value; for a transformer that
     quantizes the residual stream (LayerNorm output → next residual Add) and costs most of the accuracy.
@@ -406,7 +408,7 @@ def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str], exclude
     del graph.node[:]
     graph.node.extend(nodes)
     onnx.save(model, str(out_path))
-    return out_path
+    return out_path, {copy: tensor for tensor, copy in renamed.items()}
 
 
 def preprocess(model_path: Path, out_path: Path) -> Path:
@@ -432,6 +434,7 @@ class Prepared:
     original_biases: dict[str, np.ndarray] = field(default_factory=dict)
     corrected_by: dict[str, str] = field(default_factory=dict)  # bias initializer -> conv node name
     base: Path | None = None  # the graph before input isolation (same tensors, fewer copies): what is calibrated
+    copies: dict[str, str] = field(default_factory=dict)  # isolated input copy -> the tensor it copies
     _inferred: Any = field(default=None, init=False, repr=False, compare=False)
 
     def inferred_copy(self):
@@ -480,10 +483,10 @@ def prepare(
             if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] in before:
                 originals[node.input[2]] = numpy_helper.to_array(before[node.input[2]])
                 corrected_by[node.input[2]] = node.name
-    base = source
+    base, copies = source, {}
     if recipe.isolate_inputs and recipe.op_types:
-        source = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types), set(excluded))
-    return Prepared(source, originals, corrected_by, base)
+        source, copies = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types), set(excluded))
+    return Prepared(source, originals, corrected_by, base, copies)
 
 
 def calibrate(
@@ -529,17 +532,14 @@ def calibrate(
                 break
     ranges = calibrator.compute_data()
     del calibrator
-    return with_isolated_copies(ranges, prepared.path)
+    return with_isolated_copies(ranges, prepared)
 
 
-def with_isolated_copies(ranges, model_path: Path):
-    """`ranges` plus one entry per isolated input copy (`<tensor>_qinput`, an Identity of `<tensor>`)."""
-    import onnx
+def with_isolated_copies(ranges, prepared: Prepared):
+    """`ranges` plus one entry per input copy of `prepared`'s isolation (a copy's range is its source's)."""
     from onnxruntime.quantization.calibrate import TensorsData
 
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-    copies = {n.output[0]: ranges[n.input[0]] for n in graph.node
-              if n.op_type == "Identity" and n.output[0] == f"{n.input[0]}_qinput" and n.input[0] in ranges}
+    copies = {copy: ranges[tensor] for copy, tensor in prepared.copies.items() if tensor in ranges}
     if not copies:
         return ranges
     return TensorsData(ranges.calibration_method, {**ranges.data, **copies})
