@@ -72,6 +72,9 @@ class QuantRecipe:
     # the mean error its int8 weights add on the calibration data, E[conv(x, W_q - W)]. Rounding errors of
     # BN-folded depthwise filters do not average out; this removes their systematic part at no run-time cost.
     bias_correction: bool = False
+    # "nearest" (onnxruntime's own rounding) or "gptq": round the weights before the quantizer so that each layer's
+    # output error on the calibration data is minimised, not each weight's (tritonkit.rounding).
+    weight_rounding: str = "nearest"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -433,6 +436,8 @@ class Prepared:
     path: Path
     original_biases: dict[str, np.ndarray] = field(default_factory=dict)
     corrected_by: dict[str, str] = field(default_factory=dict)  # bias initializer -> conv node name
+    original_weights: dict[str, np.ndarray] = field(default_factory=dict)  # before weight_rounding="gptq"
+    rounded_by: dict[str, str] = field(default_factory=dict)  # weight initializer -> node name
     base: Path | None = None  # the graph before input isolation (same tensors, fewer copies): what is calibrated
     copies: dict[str, str] = field(default_factory=dict)  # isolated input copy -> the tensor it copies
     _inferred: Any = field(default=None, init=False, repr=False, compare=False)
@@ -472,6 +477,16 @@ def prepare(
     if recipe.smooth_alpha is not None:
         source = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), set(excluded),
                         batches, recipe.smooth_alpha, max_batches)
+    rounding = None
+    if recipe.weight_rounding == "gptq":
+        from tritonkit.rounding import round_weights
+
+        op_types = set(recipe.op_types) if recipe.op_types is not None else None
+        rounding = round_weights(source, workdir / "rounded.onnx", op_types, set(excluded), batches, max_batches)
+        source = rounding.path
+    elif recipe.weight_rounding != "nearest":
+        raise QuantizationError(f"recipe '{recipe.name}': weight_rounding must be 'nearest' or 'gptq', "
+                                f"not {recipe.weight_rounding!r}")
     originals: dict[str, np.ndarray] = {}
     corrected_by: dict[str, str] = {}
     if recipe.bias_correction:
@@ -486,7 +501,8 @@ def prepare(
     base, copies = source, {}
     if recipe.isolate_inputs and recipe.op_types:
         source, copies = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types), set(excluded))
-    return Prepared(source, originals, corrected_by, base, copies)
+    return Prepared(source, originals, corrected_by, rounding.originals if rounding else {},
+                    rounding.rounded if rounding else {}, base, copies)
 
 
 def calibrate(
@@ -590,10 +606,13 @@ def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded:
     model = prepared.inferred_copy()
     excluded = list(dict.fromkeys([*resolve_excluded(model, recipe), *excluded]))
     # A float conv must keep its original bias: the correction only offsets its int8 weights' error.
-    restore = {b for b, node in prepared.corrected_by.items() if node in set(excluded)}
+    # ... and its original weights: their rounding compensates errors only an int8 layer makes.
+    floats = set(excluded)
+    restore = {b: prepared.original_biases[b] for b, node in prepared.corrected_by.items() if node in floats}
+    restore |= {w: prepared.original_weights[w] for w, node in prepared.rounded_by.items() if node in floats}
     for init in model.graph.initializer:
         if init.name in restore:
-            init.CopyFrom(numpy_helper.from_array(prepared.original_biases[init.name], init.name))
+            init.CopyFrom(numpy_helper.from_array(restore[init.name], init.name))
     uint8 = recipe.activation_type == "uint8"
     fixed = _FIXED_OPTIONS_UINT8 if uint8 else _FIXED_OPTIONS
     # A DequantizeLinear shared by several MatMuls (Q, K and V read one tensor) blocks onnxruntime's fusion

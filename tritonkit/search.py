@@ -4,8 +4,9 @@
 
 For one activation form (the CPU-served one, or TensorRT's symmetric INT8) the search
 1. measures the starting knobs (Q/DQ placement, activation form) on the *validation* split, then tries the knobs
-   that matter one at a time, keeping what helps: SmoothQuant alpha for MatMul models, bias correction for conv
-   models, the calibration method where onnxruntime allows it (histogram calibrators need equal-shape feeds);
+   that matter one at a time, keeping what helps: SmoothQuant alpha for MatMul models, bias correction or GPTQ
+   weight rounding for conv models, the calibration method where onnxruntime allows it (histogram calibrators
+   need equal-shape feeds);
 2. ranks every quantizable unit (a node with a constant weight, or a block of them when a graph has many) by its
    sensitivity: how much the validation metrics recover when that unit alone stays float;
 3. puts the most sensitive units back in float, one at a time and cumulatively, until every gate holds on the
@@ -99,6 +100,7 @@ class Recipe:
     calibrate_method: str = "minmax"
     smooth_alpha: float | None = None
     bias_correction: bool = False
+    weight_rounding: str = "nearest"
     float_nodes: list[str] = field(default_factory=list)
     extra_options: dict[str, Any] = field(default_factory=dict)
 
@@ -113,6 +115,7 @@ class Recipe:
             isolate_inputs=inputs,
             smooth_alpha=self.smooth_alpha,
             bias_correction=self.bias_correction,
+            weight_rounding=self.weight_rounding,
             activation_type=self.form,
             extra_options=dict(self.extra_options),
             rationale="found by tritonkit.search (see the search report)",
@@ -124,6 +127,8 @@ class Recipe:
             parts.append(f"smooth{self.smooth_alpha}")
         if self.bias_correction:
             parts.append("biascorr")
+        if self.weight_rounding != "nearest":
+            parts.append(self.weight_rounding)
         return "-".join(parts) + f" +{len(self.float_nodes)} float"
 
     @classmethod
@@ -332,7 +337,7 @@ class Search:
     def _prepare(self, r: Recipe):
         from tritonkit.quantize import prepare
 
-        key = (r.placement, r.smooth_alpha, r.bias_correction)
+        key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key not in self.ws.prepared:
             work = Path(self.ws.tmp.name) / f"prep{len(self.ws.prepared)}"
             work.mkdir()
@@ -440,14 +445,15 @@ class Search:
         return tracks[: self.max_tracks]
 
     def variants(self, track: Track) -> list[tuple[str, Recipe]]:
-        """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction (conv
-        models), the calibration method (where the feeds allow histograms)."""
+        """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction or GPTQ
+        weight rounding (conv models), the calibration method (where the feeds allow histograms)."""
         ops = set(self.spec.WEIGHT_OPS)
         out = [("as started", track.recipe)]
         if "MatMul" in ops:
             out += [(f"smooth_alpha={a}", replace(track.recipe, smooth_alpha=a)) for a in (0.5, 0.8)]
         if "Conv" in ops:
             out.append(("bias_correction", replace(track.recipe, bias_correction=True)))
+            out.append(("weight_rounding=gptq", replace(track.recipe, weight_rounding="gptq")))
         methods = self._applicable_methods()[1:]
         out += [(f"{name} + calibrate={m}", replace(r, calibrate_method=m, extra_options=x))
                 for name, r in list(out) for m, x in methods]

@@ -1,0 +1,196 @@
+"""Error-compensating int8 weight rounding (GPTQ, Frantar et al., 2023) on an ONNX graph, before the quantizer.
+
+Round-to-nearest treats every weight alone. GPTQ rounds one input column at a time and moves the error it makes
+onto the columns not yet rounded, weighted by the layer's input second moments H = E[x xᵀ] measured on the
+calibration data, so the layer's *output* error is what gets minimised. The result is written back as float
+weights that lie exactly on the symmetric per-output-channel int8 grid, scale = max|w| / 127: onnxruntime's
+quantizer derives that same scale from them and recovers the same integers, so no quantizer change is needed.
+Each row's largest weight is pinned to ±127 so that the grid survives the compensation; a row that still misses
+it (all-zero rows) takes round-to-nearest (counted in the result).
+
+Handled: 2-D Conv (any group count; depthwise is one 1-row matrix per channel), Gemm and MatMul with a constant
+weight. Inputs are measured on the float graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tritonkit.errors import QuantizationError
+
+DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal: keeps the inverse stable (GPTQ's default)
+QMAX = 127  # symmetric int8 weights as onnxruntime quantizes them: [-127, 127]
+
+
+@dataclass
+class _Layer:
+    node: str
+    weight: str
+    kind: str  # "conv", "gemm_t" (Gemm transB=1: W is [out, in]) or "in_out" (MatMul, Gemm transB=0: [in, out])
+    groups: int = 1
+    attrs: dict = field(default_factory=dict)
+    hessian: np.ndarray | None = None  # [groups, d, d], summed over samples
+    samples: int = 0
+
+
+@dataclass
+class RoundingResult:
+    path: Path
+    rounded: dict[str, str]  # weight initializer -> node name
+    originals: dict[str, np.ndarray]  # weight initializer -> its float weights before rounding
+    nearest_rows: int  # rows that fell back to round-to-nearest (see module doc)
+
+
+def _layers(graph, op_types: set[str] | None, excluded: set[str]) -> list[_Layer]:
+    from onnx import helper
+
+    inits = {i.name: i for i in graph.initializer}
+    layers = []
+    for node in graph.node:
+        if (op_types is not None and node.op_type not in op_types) or node.name in excluded:
+            continue
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        rank = len(inits[node.input[1]].dims)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv" and rank == 4 and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"):
+            layers.append(_Layer(node.name, node.input[1], "conv", int(attrs.get("group", 1)), attrs))
+        elif node.op_type == "Gemm" and rank == 2 and not attrs.get("transA", 0):
+            layers.append(_Layer(node.name, node.input[1], "gemm_t" if attrs.get("transB", 0) else "in_out"))
+        elif node.op_type == "MatMul" and rank == 2:
+            layers.append(_Layer(node.name, node.input[1], "in_out"))
+    return layers
+
+
+def _patches(x: np.ndarray, layer: _Layer, kernel: tuple[int, int]) -> np.ndarray:
+    """[groups, positions, d] input patches a conv multiplies with each output channel's d weights."""
+    n, c = x.shape[:2]
+    g = layer.groups
+    kh, kw = kernel
+    (sh, sw), (dh, dw) = layer.attrs.get("strides", [1, 1]), layer.attrs.get("dilations", [1, 1])
+    top, left, bottom, right = layer.attrs.get("pads", [0, 0, 0, 0])
+    if (kh, kw) == (1, 1) and not any((top, left, bottom, right)):
+        x = x[:, :, ::sh, ::sw]
+        return x.reshape(n, g, c // g, -1).transpose(1, 0, 3, 2).reshape(g, -1, c // g)
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # [n, c, ho, wo, kh, kw]
+    ho, wo = win.shape[2:4]
+    win = win.reshape(n, g, c // g, ho, wo, kh * kw).transpose(1, 0, 3, 4, 2, 5)
+    return win.reshape(g, n * ho * wo, (c // g) * kh * kw)
+
+
+def _accumulate(layer: _Layer, x: np.ndarray, w_shape: tuple[int, ...]) -> None:
+    x = x.astype(np.float32)
+    p = _patches(x, layer, w_shape[2:]) if layer.kind == "conv" else x.reshape(1, -1, x.shape[-1])
+    h = np.matmul(p.transpose(0, 2, 1), p).astype(np.float64)
+    layer.hessian = h if layer.hessian is None else layer.hessian + h
+    layer.samples += p.shape[1]
+
+
+def _matrices(w: np.ndarray, layer: _Layer) -> np.ndarray:
+    """[groups, rows, d]: one row per output channel, its d input weights."""
+    if layer.kind == "conv":
+        cout = w.shape[0]
+        return w.reshape(layer.groups, cout // layer.groups, -1)
+    return (w if layer.kind == "gemm_t" else w.T)[None]
+
+
+def _weights(m: np.ndarray, layer: _Layer, shape: tuple[int, ...]) -> np.ndarray:
+    if layer.kind == "conv":
+        return m.reshape(shape)
+    return m[0] if layer.kind == "gemm_t" else m[0].T
+
+
+def gptq(w: np.ndarray, h: np.ndarray, damping: float = DAMPING) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ over batched matrices w [g, rows, d] with input second moments h [g, d, d]. Returns the rounded
+    weights (on each row's max|w|/127 grid) and a [g, rows] mask of rows whose grid survived the compensation."""
+    w = w.astype(np.float64).copy()
+    d = w.shape[2]
+    h = h.copy()
+    diag = np.einsum("gii->gi", h)
+    dead = diag <= 0
+    idx = np.arange(d)
+    h[:, idx, idx] = np.where(dead, 1.0, diag)  # an input that is always 0: its weights do not matter
+    w[np.broadcast_to(dead[:, None, :], w.shape)] = 0.0
+    scale = np.abs(w).max(axis=2) / QMAX
+    scale = np.where(scale > 0, scale, 1.0)
+    h[:, idx, idx] += damping * np.einsum("gii->gi", h).mean(axis=1, keepdims=True)
+    # Upper Cholesky factor of H^-1: row i holds how column i's error spreads onto the columns after it.
+    u = np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1)
+    # Each row's largest weight is pinned to +-127 when its column comes, whatever the compensation moved it to,
+    # so the row keeps the grid the quantizer will derive (its error is compensated like any other).
+    pin = np.abs(w).argmax(axis=2)
+    sign = np.sign(np.take_along_axis(w, pin[:, :, None], axis=2)[:, :, 0])
+    q = np.empty_like(w)
+    for i in range(d):
+        q[:, :, i] = np.where(pin == i, sign * QMAX, np.clip(np.round(w[:, :, i] / scale), -QMAX, QMAX))
+        err = (w[:, :, i] - q[:, :, i] * scale) / u[:, i, i][:, None]
+        if i + 1 < d:
+            w[:, :, i + 1 :] -= err[:, :, None] * u[:, None, i, i + 1 :]
+    kept = np.abs(q).max(axis=2) == QMAX
+    return q * scale[:, :, None], kept
+
+
+def round_weights(
+    model_path: Path,
+    out_path: Path,
+    op_types: set[str] | None,
+    excluded: set[str],
+    batches: Callable[[], Iterable[dict[str, np.ndarray]]],
+    max_batches: int | None = None,
+) -> RoundingResult:
+    """GPTQ-round the constant weights of the quantizable Conv/Gemm/MatMul nodes of `model_path` (see module doc)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(model_path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    layers = _layers(graph, op_types, excluded)
+    if not layers:
+        raise QuantizationError("weight_rounding='gptq' set but no quantized Conv/Gemm/MatMul with a constant weight")
+    nodes = {n.name: n for n in graph.node}
+    inputs = {layer.node: nodes[layer.node].input[0] for layer in layers}
+    shapes = {layer.weight: tuple(inits[layer.weight].dims) for layer in layers}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    names = list(dict.fromkeys(inputs.values()))
+    for name in names:
+        if name not in existing:
+            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = False  # one run's activations of every layer: do not keep their peak
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed_names = {i.name for i in session.get_inputs()}
+    for b, feeds in enumerate(batches()):
+        if max_batches is not None and b >= max_batches:
+            break
+        outs = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in feed_names})))
+        for layer in layers:
+            _accumulate(layer, outs[inputs[layer.node]], shapes[layer.weight])
+        del outs
+    originals, rounded, nearest = {}, {}, 0
+    for layer in layers:
+        if layer.weight in rounded:  # a weight shared by two nodes is rounded once, for the first
+            continue
+        w = numpy_helper.to_array(inits[layer.weight])
+        m = _matrices(w.astype(np.float64), layer)
+        q, kept = gptq(m, layer.hessian / max(layer.samples, 1))
+        if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
+            s = np.abs(m).max(axis=2, keepdims=True) / QMAX
+            s = np.where(s > 0, s, 1.0)
+            q = np.where(kept[:, :, None], q, np.clip(np.round(m / s), -QMAX, QMAX) * s)
+            nearest += int((~kept).sum())
+        originals[layer.weight] = w
+        rounded[layer.weight] = layer.node
+        inits[layer.weight].CopyFrom(numpy_helper.from_array(_weights(q, layer, w.shape).astype(w.dtype),
+                                                               layer.weight))
+    onnx.save(model, str(out_path))
+    return RoundingResult(Path(out_path), rounded, originals, nearest)
