@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 
-def _weight_only(fp32: Path, which, out: Path) -> Path:
+def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
     import onnx
     from onnx import helper, numpy_helper
 
@@ -37,7 +37,7 @@ def _weight_only(fp32: Path, which, out: Path) -> Path:
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         # The quantizer's per-channel axis: output channels (Conv, Gemm with transB) or the last axis (MatMul).
         axis_last = node.op_type == "MatMul" or (node.op_type == "Gemm" and not attrs.get("transB", 0))
-        wq = _fake_quant_weight(w.T, True).T if axis_last else _fake_quant_weight(w, True)
+        wq = _fake_quant_weight(w.T, True, bits).T if axis_last else _fake_quant_weight(w, True, bits)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(wq.astype(np.float32), node.input[1]))
     onnx.save(model, str(out))
     return out
@@ -75,6 +75,17 @@ def main(argv: list[str] | None = None) -> int:
 
     row("FP32 (self-check)", fp32)
     row("weights int8, every weighted op", _weight_only(fp32, lambda n, a: True, tmp / "w_all.onnx"))
+    # The precision floor: the same rounding with more bits, to show how far from the gates int8 weights start.
+    for bits in (10, 12):
+        row(f"weights int{bits} (not servable), every weighted op",
+            _weight_only(fp32, lambda n, a: True, tmp / f"w_{bits}.onnx", bits))
+    from tritonkit.quantize import preprocess
+    from tritonkit.rounding import round_weights
+
+    # GPTQ rounding (the search's weight_rounding="gptq") on the graph the quantizer sees (BatchNorm folded).
+    rounded = round_weights(preprocess(fp32, tmp / "pre.onnx"), tmp / "w_gptq.onnx", set(spec.WEIGHT_OPS), set(),
+                            spec.calibration_batches)
+    row("weights int8, GPTQ rounding, every weighted op", rounded.path)
     if "Conv" in spec.WEIGHT_OPS:
         row("weights int8, depthwise convs only", _weight_only(fp32, depthwise, tmp / "w_dw.onnx"))
         row("weights int8, all but depthwise convs",
@@ -87,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         base = Recipe(form=form, placement=placement)
         row(f"full Q/DQ {base.describe()}", search.build(base))
         if "Conv" in spec.WEIGHT_OPS:
-            r = replace(base, bias_correction=True)
-            row(f"full Q/DQ {r.describe()}", search.build(r))
+            for r in (replace(base, bias_correction=True), replace(base, weight_rounding="gptq")):
+                row(f"full Q/DQ {r.describe()}", search.build(r))
     workdir.cleanup()
     out = args.out or Path("build/reports") / f"{spec.NAME}_int8_error_budget.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -280,11 +280,13 @@ def smooth(
     return out_path
 
 
-def _fake_quant_weight(w: np.ndarray, per_channel: bool) -> np.ndarray:
-    """Symmetric int8 round trip as onnxruntime quantizes weights: scale = max|w| / 127 (per output channel)."""
+def _fake_quant_weight(w: np.ndarray, per_channel: bool, bits: int = 8) -> np.ndarray:
+    """Symmetric int8 round trip as onnxruntime quantizes weights: scale = max|w| / 127 (per output channel);
+    `bits` other than 8 only for measuring how much precision a model needs."""
+    qmax = 2 ** (bits - 1) - 1
     r = np.abs(w).reshape(w.shape[0], -1).max(1) if per_channel else np.abs(w).max(keepdims=True)
-    scale = np.where(r > 0, r / 127.0, 1.0).reshape([-1] + [1] * (w.ndim - 1))
-    return np.clip(np.round(w / scale), -127, 127) * scale
+    scale = np.where(r > 0, r / qmax, 1.0).reshape([-1] + [1] * (w.ndim - 1))
+    return np.clip(np.round(w / scale), -qmax, qmax) * scale
 
 
 def _tap_means(x: np.ndarray, node, kernel: tuple[int, int]) -> np.ndarray | None:

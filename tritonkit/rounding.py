@@ -9,7 +9,8 @@ Each row's largest weight is pinned to ±127 so that the grid survives the compe
 it (all-zero rows) takes round-to-nearest (counted in the result).
 
 Handled: 2-D Conv (any group count; depthwise is one 1-row matrix per channel), Gemm and MatMul with a constant
-weight. Inputs are measured on the float graph.
+weight. Layers are rounded in graph order, in chunks; each chunk's inputs are measured on the graph whose earlier
+chunks are already rounded.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from tritonkit.errors import QuantizationError
 
 DAMPING = 0.01  # fraction of mean(diag H) added to H's diagonal: keeps the inverse stable (GPTQ's default)
 QMAX = 127  # symmetric int8 weights as onnxruntime quantizes them: [-127, 127]
+# Input rows (conv output positions, tokens) sampled per layer and batch for H: d is at most a few thousand, so
+# tens of thousands of rows over a calibration set estimate it well, and a full 112x112 feature map costs 10x more.
+POSITIONS = 4096
+STAGES = 8  # calibration passes: layers are rounded in this many chunks, each measured after the ones before
 
 
 @dataclass
@@ -66,27 +71,35 @@ def _layers(graph, op_types: set[str] | None, excluded: set[str]) -> list[_Layer
     return layers
 
 
-def _patches(x: np.ndarray, layer: _Layer, kernel: tuple[int, int]) -> np.ndarray:
-    """[groups, positions, d] input patches a conv multiplies with each output channel's d weights."""
+def _positions(rng: np.random.Generator, total: int) -> np.ndarray | slice:
+    return slice(None) if total <= POSITIONS else np.sort(rng.choice(total, POSITIONS, replace=False))
+
+
+def _patches(x: np.ndarray, layer: _Layer, kernel: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """[groups, positions, d] input patches a conv multiplies with each output channel's d weights, at up to
+    POSITIONS sampled output positions."""
     n, c = x.shape[:2]
     g = layer.groups
     kh, kw = kernel
     (sh, sw), (dh, dw) = layer.attrs.get("strides", [1, 1]), layer.attrs.get("dilations", [1, 1])
     top, left, bottom, right = layer.attrs.get("pads", [0, 0, 0, 0])
-    if (kh, kw) == (1, 1) and not any((top, left, bottom, right)):
-        x = x[:, :, ::sh, ::sw]
-        return x.reshape(n, g, c // g, -1).transpose(1, 0, 3, 2).reshape(g, -1, c // g)
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right))) if any((top, left, bottom, right)) else x
     win = np.lib.stride_tricks.sliding_window_view(xp, (dh * (kh - 1) + 1, dw * (kw - 1) + 1), axis=(2, 3))
-    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # [n, c, ho, wo, kh, kw]
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # a view: [n, c, ho, wo, kh, kw]
     ho, wo = win.shape[2:4]
-    win = win.reshape(n, g, c // g, ho, wo, kh * kw).transpose(1, 0, 3, 4, 2, 5)
-    return win.reshape(g, n * ho * wo, (c // g) * kh * kw)
+    pick = _positions(rng, n * ho * wo)
+    flat = np.arange(n * ho * wo)[pick]
+    p = win[flat // (ho * wo), :, (flat // wo) % ho, flat % wo]  # [m, c, kh, kw], only the sampled patches
+    return p.reshape(len(flat), g, (c // g) * kh * kw).transpose(1, 0, 2)
 
 
-def _accumulate(layer: _Layer, x: np.ndarray, w_shape: tuple[int, ...]) -> None:
-    x = x.astype(np.float32)
-    p = _patches(x, layer, w_shape[2:]) if layer.kind == "conv" else x.reshape(1, -1, x.shape[-1])
+def _accumulate(layer: _Layer, x: np.ndarray, w_shape: tuple[int, ...], rng: np.random.Generator) -> None:
+    x = x.astype(np.float32, copy=False)
+    if layer.kind == "conv":
+        p = _patches(x, layer, w_shape[2:], rng)
+    else:
+        rows = x.reshape(-1, x.shape[-1])
+        p = rows[_positions(rng, len(rows))][None]
     h = np.matmul(p.transpose(0, 2, 1), p).astype(np.float64)
     layer.hessian = h if layer.hessian is None else layer.hessian + h
     layer.samples += p.shape[1]
@@ -120,6 +133,12 @@ def gptq(w: np.ndarray, h: np.ndarray, damping: float = DAMPING) -> tuple[np.nda
     scale = np.abs(w).max(axis=2) / QMAX
     scale = np.where(scale > 0, scale, 1.0)
     h[:, idx, idx] += damping * np.einsum("gii->gi", h).mean(axis=1, keepdims=True)
+    # Columns with the largest input energy first (GPTQ's act-order): their error has the most columns left
+    # to absorb it.
+    order = np.argsort(-np.einsum("gii->gi", h), axis=1, kind="stable")
+    gi = np.arange(len(h))[:, None]
+    w = w[gi[:, :, None], np.arange(w.shape[1])[None, :, None], order[:, None, :]]
+    h = h[gi[:, :, None], order[:, :, None], order[:, None, :]]
     # Upper Cholesky factor of H^-1: row i holds how column i's error spreads onto the columns after it.
     u = np.linalg.cholesky(np.linalg.inv(h)).transpose(0, 2, 1)
     # Each row's largest weight is pinned to +-127 when its column comes, whatever the compensation moved it to,
@@ -133,6 +152,8 @@ def gptq(w: np.ndarray, h: np.ndarray, damping: float = DAMPING) -> tuple[np.nda
         if i + 1 < d:
             w[:, :, i + 1 :] -= err[:, :, None] * u[:, None, i, i + 1 :]
     kept = np.abs(q).max(axis=2) == QMAX
+    back = np.argsort(order, axis=1)
+    q = q[gi[:, :, None], np.arange(q.shape[1])[None, :, None], back[:, None, :]]
     return q * scale[:, :, None], kept
 
 
@@ -143,6 +164,7 @@ def round_weights(
     excluded: set[str],
     batches: Callable[[], Iterable[dict[str, np.ndarray]]],
     max_batches: int | None = None,
+    stages: int = STAGES,
 ) -> RoundingResult:
     """GPTQ-round the constant weights of the quantizable Conv/Gemm/MatMul nodes of `model_path` (see module doc)."""
     import onnx
@@ -158,39 +180,47 @@ def round_weights(
     nodes = {n.name: n for n in graph.node}
     inputs = {layer.node: nodes[layer.node].input[0] for layer in layers}
     shapes = {layer.weight: tuple(inits[layer.weight].dims) for layer in layers}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    names = list(dict.fromkeys(inputs.values()))
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     options = ort.SessionOptions()
     options.enable_cpu_mem_arena = False  # one run's activations of every layer: do not keep their peak
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed_names = {i.name for i in session.get_inputs()}
-    for b, feeds in enumerate(batches()):
-        if max_batches is not None and b >= max_batches:
-            break
-        outs = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in feed_names})))
-        for layer in layers:
-            _accumulate(layer, outs[inputs[layer.node]], shapes[layer.weight])
-        del outs
     originals, rounded, nearest = {}, {}, 0
-    for layer in layers:
-        if layer.weight in rounded:  # a weight shared by two nodes is rounded once, for the first
-            continue
-        w = numpy_helper.to_array(inits[layer.weight])
-        m = _matrices(w.astype(np.float64), layer)
-        q, kept = gptq(m, layer.hessian / max(layer.samples, 1))
-        if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
-            s = np.abs(m).max(axis=2, keepdims=True) / QMAX
-            s = np.where(s > 0, s, 1.0)
-            q = np.where(kept[:, :, None], q, np.clip(np.round(m / s), -QMAX, QMAX) * s)
-            nearest += int((~kept).sum())
-        originals[layer.weight] = w
-        rounded[layer.weight] = layer.node
-        inits[layer.weight].CopyFrom(numpy_helper.from_array(_weights(q, layer, w.shape).astype(w.dtype),
-                                                               layer.weight))
+    # Layers in graph order, in `stages` chunks: each chunk is measured on the graph whose earlier chunks are
+    # already rounded, so it compensates the error it actually receives (one calibration pass per chunk).
+    chunk = -(-len(layers) // max(1, min(stages, len(layers))))
+    for start in range(0, len(layers), chunk):
+        stage = layers[start : start + chunk]
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        existing = {o.name for o in probe.graph.output}
+        names = list(dict.fromkeys(inputs[layer.node] for layer in stage))
+        for name in names:
+            if name not in existing:
+                probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feed_names = {i.name for i in session.get_inputs()}
+        rng = np.random.default_rng(start)
+        for b, feeds in enumerate(batches()):
+            if max_batches is not None and b >= max_batches:
+                break
+            outs = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in feed_names})))
+            for layer in stage:
+                _accumulate(layer, outs[inputs[layer.node]], shapes[layer.weight], rng)
+            del outs
+        del session, probe
+        for layer in stage:
+            if layer.weight in rounded:  # a weight shared by two nodes is rounded once, for the first
+                continue
+            w = numpy_helper.to_array(inits[layer.weight])
+            m = _matrices(w.astype(np.float64), layer)
+            q, kept = gptq(m, layer.hessian / max(layer.samples, 1))
+            layer.hessian = None
+            if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
+                s = np.abs(m).max(axis=2, keepdims=True) / QMAX
+                s = np.where(s > 0, s, 1.0)
+                q = np.where(kept[:, :, None], q, np.clip(np.round(m / s), -QMAX, QMAX) * s)
+                nearest += int((~kept).sum())
+            originals[layer.weight] = w
+            rounded[layer.weight] = layer.node
+            inits[layer.weight].CopyFrom(numpy_helper.from_array(_weights(q, layer, w.shape).astype(w.dtype),
+                                                                   layer.weight))
     onnx.save(model, str(out_path))
     return RoundingResult(Path(out_path), rounded, originals, nearest)
