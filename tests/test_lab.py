@@ -145,3 +145,14 @@ def test_lab_help_exits_zero():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--pipelines" in proc.stdout and "--quick" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["text_embedding", "image_classification"])
+def test_an_fp32_fallback_is_not_labelled_int8(name):
+    """The INT8 model name of an FP32 fallback holds the FP32 graph; the lab's rows must not call it INT8."""
+    from tritonkit import int8, models
+
+    fallback = (int8.load_recipes(models.get(name)) or {}).get("served", {}).get("status") == int8.FALLBACK
+    label = lab.pipeline(name).workloads[0].label
+    assert ("FP32 fallback" in label) == fallback, label
+    assert ("INT8" in label) != fallback, label

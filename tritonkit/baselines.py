@@ -107,6 +107,13 @@ def onnx_file(model: str, precision: str) -> Path:
     return path
 
 
+def _precision_label(kind, precision: str) -> str:
+    """The INT8 file of an FP32 fallback holds the FP32 graph: say so rather than "INT8"."""
+    from tritonkit import int8
+
+    return int8.served_label(kind.NAME) if precision == "int8" else precision.upper()
+
+
 def onnx_text(texts: Sequence[str], seconds: float, model: str = "text_embedding", precision: str = "int8",
               batch: int = ONNX_BATCH) -> PerfPoint:
     """Our own built encoder in ONNX Runtime (all cores), one caller: tokenize (tokenizer.json) + pad + run per
@@ -122,7 +129,8 @@ def onnx_text(texts: Sequence[str], seconds: float, model: str = "text_embedding
     batches = [ordered[i : i + batch] for i in range(0, len(ordered) - batch + 1, batch)]
     return time_in_process(lambda b: sess.run([OUTPUT], kind.encode(b)), batches, 1, duration_s=seconds,
                            warmup=2, items_per_call=batch,
-                           label=f"tritonkit {precision.upper()} ONNX in-process (ORT, sorted batches of {batch})")
+                           label=f"tritonkit {_precision_label(kind, precision)} ONNX in-process (ORT, sorted "
+                                 f"batches of {batch})")
 
 
 def onnx_image(images: Sequence[bytes], seconds: float, model: str = "image_classification",
@@ -139,5 +147,5 @@ def onnx_image(images: Sequence[bytes], seconds: float, model: str = "image_clas
         return sess.run(["probabilities"], {kind.INPUT: imaging.preprocess(b, kind.PREPROCESS)[0]})
 
     return time_in_process(run, batches, 1, duration_s=seconds, warmup=1, items_per_call=batch,
-                           label=f"Pillow + tritonkit preprocessing + {precision.upper()} ONNX in-process "
-                                 f"(batch {batch})")
+                           label=f"Pillow + tritonkit preprocessing + {_precision_label(kind, precision)} ONNX "
+                                 f"in-process (batch {batch})")

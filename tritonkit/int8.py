@@ -107,6 +107,15 @@ def load_recipes(spec) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def served_label(name: str) -> str:
+    """What model `name`'s INT8 name serves, for labels: "INT8", or "FP32 fallback" when its committed served-form
+    search found no passing candidate (the INT8 name then holds the FP32 graph)."""
+    from tritonkit import models
+
+    data = load_recipes(models.get(name)) or {}
+    return "FP32 fallback" if data.get("served", {}).get("status") == FALLBACK else "INT8"
+
+
 # -- replay + gates ------------------------------------------------------------------------------------------
 
 @dataclass

@@ -179,21 +179,23 @@ def pipeline(name: str) -> Pipeline:
     from functools import partial
 
     from tritonkit import kinds
+    from tritonkit.int8 import served_label
 
     kind = kinds.get(name)
     n, pre, int8, fp32 = kind.NAME, kind.PREPROCESSOR, kind.INT8_MODEL, kind.FP32_MODEL
+    served = served_label(kind.NAME)  # "INT8", or "FP32 fallback" where the search found no passing INT8 model
     if kind.spec.kind == "text-embedding":
         workloads = [
-            Workload(n, f"{n} (INT8 ensemble)", _text_rows, (pre, int8), True),
+            Workload(n, f"{n} ({served} ensemble)", _text_rows, (pre, int8), True),
             Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _text_rows, (pre, fp32), True, full_only=True),
-            *([Workload(f"{n}_fused", f"{n}_fused (INT8, one stub)", _text_rows, (f"{n}_fused",), True,
+            *([Workload(f"{n}_fused", f"{n}_fused ({served}, one stub)", _text_rows, (f"{n}_fused",), True,
                         full_only=True)] if kind.spec.serving.fused else []),
             Workload(pre, f"{pre} alone", _text_rows, (pre,)),
             Workload(int8, f"{int8} alone (pre-tokenized)", partial(_token_rows, n), (int8,)),
         ]
         return Pipeline(n, "texts", workloads, partial(_text_contenders, n))
     workloads = [
-        Workload(n, f"{n} (INT8 ensemble)", _image_rows, (pre, int8), True),
+        Workload(n, f"{n} ({served} ensemble)", _image_rows, (pre, int8), True),
         Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _image_rows, (pre, fp32), True, full_only=True),
         Workload(pre, f"{pre} alone", _image_rows, (pre,)),
         Workload(int8, f"{int8} alone (pre-processed pixels)", partial(_pixel_rows, n), (int8,)),
