@@ -115,6 +115,9 @@ def test_nothing_passes_means_no_recipe(tiny):
     spec.TARGETS = [Target("cosine_min", ">=", 1.0 + 1e-9)]  # unreachable: even float is not above 1
     result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None).run()
     assert not result.passed and result.recipe is None and result.best_failed
+    # One entry per failed fallback, each the best of its own steps: none repeats another.
+    recipes = [f["recipe"] for f in result.best_failed]
+    assert len(recipes) == len(set(recipes)), recipes
 
 
 def test_a_spent_budget_stops_the_search_and_says_so(tiny):

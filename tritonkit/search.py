@@ -565,11 +565,14 @@ class Search:
             for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
                     break
+                first = len(self.steps)
                 recipe = self.fallback(name, variant, ranked,
                                        min(len(r.float_nodes) for r, _ in finals) if finals else None)
                 if recipe is None:
-                    best = min((s for s in self.steps if s.stage in ("fallback", "confirm")
-                                and s.change.startswith(name)), key=lambda s: s.distortion, default=None)
+                    # This fallback's own steps: variant names prefix one another ("x" and "x + calibrate=...")
+                    # and recur across tracks ("as started"), so matching by name repeated entries.
+                    best = min((s for s in self.steps[first:] if s.stage in ("fallback", "confirm")),
+                               key=lambda s: s.distortion, default=None)
                     if best is not None:
                         failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
                     continue
