@@ -221,7 +221,11 @@ def test_supervisor_runs_the_server_recovers_a_stub_and_drains_on_sigterm(tmp_pa
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.25)
         (server_pid,) = _children(proc.pid)
-        time.sleep(1.0)  # the supervisor's first snapshot follows readiness
+        # The supervisor's first snapshot follows readiness; a stub killed before it is never known to have lived
+        # (a fixed 1 s wait lost that race on a loaded CI machine).
+        while "supervisor: watching" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
         ((pid, _),) = _stubs_of(server_pid).values()
         os.kill(pid, signal.SIGKILL)
         deadline, value = time.monotonic() + 60, None

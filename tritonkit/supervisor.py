@@ -111,6 +111,8 @@ class Watcher:
             # The first snapshot waits for readiness, when every model at startup has its stubs.
             if ready:
                 self.known = _stubs_of(self.server_pid)
+                models = sorted({m for _, m in self.known.values()})
+                self.log(f"supervisor: watching {len(self.known)} stub(s) of {', '.join(models) or 'no model'}")
             return []
         vanished = vanished_models(self.known, _stubs_of(self.server_pid))
         if vanished and not ready:
