@@ -139,3 +139,26 @@ def test_unknown_rounding_is_refused(net, tmp_path):
 
     with pytest.raises(QuantizationError, match="weight_rounding"):
         prepare(net, QuantRecipe("x", weight_rounding="adaround"), _batches(0), tmp_path)
+
+
+def test_a_replayed_recipe_rounds_what_the_search_rounded(net, tmp_path):
+    """The search prepares once without float nodes and excludes per candidate; a build replays the recipe with its
+    float nodes named up front. Both must store the same int8 weights, or a passing recipe fails its replay."""
+    recipe = QuantRecipe("gptq", op_types=["Conv", "Gemm"], weight_rounding="gptq", activation_type="int8")
+    (a := tmp_path / "search").mkdir()
+    prepared = prepare(net, recipe, _batches(0), a)
+    dw = next(n.name for n in onnx.load(str(prepared.path)).graph.node
+              if n.op_type == "Conv" and any(at.name == "group" and at.i == 16 for at in n.attribute))
+    searched = quantize_prepared(prepared, calibrate(prepared, recipe, _batches(0), a, progress=False), recipe,
+                                 excluded=[dw])
+    (b := tmp_path / "replay").mkdir()
+    named = QuantRecipe("gptq", op_types=["Conv", "Gemm"], weight_rounding="gptq", activation_type="int8",
+                        nodes_to_exclude=[dw])
+    replayed_prep = prepare(net, named, _batches(0), b)
+    replayed = quantize_prepared(replayed_prep, calibrate(replayed_prep, named, _batches(0), b, progress=False),
+                                 named)
+    one = {i.name: numpy_helper.to_array(i) for i in searched.graph.initializer}
+    two = {i.name: numpy_helper.to_array(i) for i in replayed.graph.initializer}
+    assert one.keys() == two.keys()
+    for name in one:
+        np.testing.assert_array_equal(one[name], two[name], err_msg=name)

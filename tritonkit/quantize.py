@@ -484,7 +484,9 @@ def prepare(
         from tritonkit.rounding import round_weights
 
         op_types = set(recipe.op_types) if recipe.op_types is not None else None
-        rounding = round_weights(source, workdir / "rounded.onnx", op_types, set(excluded), batches, max_batches)
+        # Every quantizable layer is rounded, float ones too (quantize_prepared restores theirs): each chunk's
+        # rounding depends on the chunks before it, so a replay must round exactly what the search rounded.
+        rounding = round_weights(source, workdir / "rounded.onnx", op_types, set(), batches, max_batches)
         source = rounding.path
     elif recipe.weight_rounding != "nearest":
         raise QuantizationError(f"recipe '{recipe.name}': weight_rounding must be 'nearest' or 'gptq', "
