@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from tritonkit.rounding import round_weights
 
     # GPTQ rounding (the search's weight_rounding="gptq") on the graph the quantizer sees (BatchNorm folded).
-    rounded = round_weights(preprocess(fp32, tmp / "pre.onnx"), tmp / "w_gptq.onnx", set(spec.WEIGHT_OPS), set(),
+    rounded = round_weights(preprocess(fp32, tmp / "pre.onnx"), tmp / "w_gptq.onnx", set(spec.WEIGHT_OPS),
                             spec.calibration_batches)
     row("weights int8, GPTQ rounding, every weighted op", rounded.path)
     if "Conv" in spec.WEIGHT_OPS:

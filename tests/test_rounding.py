@@ -78,7 +78,7 @@ def test_gptq_has_lower_output_error_than_nearest_on_the_data_it_measured():
 
 
 def test_rounded_weights_are_what_the_quantizer_stores_and_cut_output_error(net, tmp_path):
-    result = round_weights(net, tmp_path / "rounded.onnx", None, set(), _batches(0))
+    result = round_weights(net, tmp_path / "rounded.onnx", None, _batches(0))
     assert len(result.rounded) == 5 and result.nearest_rows == 0
     rounded = _weights(result.path)
     original = _weights(net)

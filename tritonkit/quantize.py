@@ -211,6 +211,32 @@ def merge_parallel_matmuls(model_path: Path, out_path: Path, excluded: set[str])
     return out_path
 
 
+def probe_tensors(model, names: list[str], batches: Callable[[], Iterable[Feeds]], max_batches: int | None = None,
+                  arena: bool = True) -> Iterator[dict[str, np.ndarray]]:
+    """{name: value} of graph tensors `names` of `model` (a ModelProto, left unchanged) per calibration batch: the
+    graph is run with those tensors added as outputs. `arena=False` keeps onnxruntime from holding the peak of a
+    run that outputs many large activations."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = arena
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    del probe
+    input_names = {i.name for i in session.get_inputs()}
+    for i, feeds in enumerate(batches()):
+        if max_batches is not None and i >= max_batches:
+            break
+        yield dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in input_names})))
+
+
 def smooth(
     model_path: Path,
     out_path: Path,
@@ -222,7 +248,6 @@ def smooth(
 ) -> Path:
     """SmoothQuant on MatMuls with a 2-D constant weight: insert Mul(X, 1/s) and scale W by s (see QuantRecipe)."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper, numpy_helper
 
     model = onnx.load(str(model_path))
@@ -239,21 +264,10 @@ def smooth(
         raise QuantizationError("smooth_alpha set but no MatMul with a constant 2-D weight to smooth")
 
     # Per-channel max |X| over the calibration data (last axis = MatMul input channels).
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in groups:
-        if name not in existing:
-            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    input_names = {i.name for i in session.get_inputs()}
     names = list(groups)
     absmax = {name: None for name in names}
-    for i, feeds in enumerate(batches()):
-        if max_batches is not None and i >= max_batches:
-            break
-        outs = session.run(names, {k: v for k, v in feeds.items() if k in input_names})
-        for name, out in zip(names, outs):
+    for outs in probe_tensors(model, names, batches, max_batches):
+        for name, out in outs.items():
             m = np.abs(out.reshape(-1, out.shape[-1])).max(0)
             absmax[name] = m if absmax[name] is None else np.maximum(absmax[name], m)
 
@@ -320,8 +334,7 @@ def correct_biases(
 ) -> Path:
     """Bias correction for quantized 2-D Convs with constant weights and bias (see QuantRecipe.bias_correction)."""
     import onnx
-    import onnxruntime as ort
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     model = onnx.load(str(model_path))
     graph = model.graph
@@ -331,24 +344,13 @@ def correct_biases(
              and len(n.input) > 2 and n.input[2] in inits]
     if not convs:
         raise QuantizationError("bias_correction set but no quantized Conv with constant weights and bias")
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
     names = list(dict.fromkeys(n.input[0] for n in convs))
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    input_names = {i.name for i in session.get_inputs()}
     sums: dict[str, np.ndarray] = {}
     count = 0
-    for i, feeds in enumerate(batches()):
-        if max_batches is not None and i >= max_batches:
-            break
-        outs = session.run(names, {k: v for k, v in feeds.items() if k in input_names})
-        for name, out in zip(names, outs):
+    for outs in probe_tensors(model, names, batches, max_batches):
+        for name, out in outs.items():
             sums[name] = sums.get(name, 0) + out.astype(np.float64).sum(0)
-        count += len(outs[0])
+        count += len(outs[names[0]])
     for node in convs:
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         means = _tap_means(sums[node.input[0]] / count, node, w.shape[2:])
@@ -486,7 +488,7 @@ def prepare(
         op_types = set(recipe.op_types) if recipe.op_types is not None else None
         # Every quantizable layer is rounded, float ones too (quantize_prepared restores theirs): each chunk's
         # rounding depends on the chunks before it, so a replay must round exactly what the search rounded.
-        rounding = round_weights(source, workdir / "rounded.onnx", op_types, set(), batches, max_batches)
+        rounding = round_weights(source, workdir / "rounded.onnx", op_types, batches, max_batches)
         source = rounding.path
     elif recipe.weight_rounding != "nearest":
         raise QuantizationError(f"recipe '{recipe.name}': weight_rounding must be 'nearest' or 'gptq', "

@@ -50,13 +50,13 @@ class RoundingResult:
     nearest_rows: int  # rows that fell back to round-to-nearest (see module doc)
 
 
-def _layers(graph, op_types: set[str] | None, excluded: set[str]) -> list[_Layer]:
+def _layers(graph, op_types: set[str] | None) -> list[_Layer]:
     from onnx import helper
 
     inits = {i.name: i for i in graph.initializer}
     layers = []
     for node in graph.node:
-        if (op_types is not None and node.op_type not in op_types) or node.name in excluded:
+        if op_types is not None and node.op_type not in op_types:
             continue
         if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
             continue
@@ -161,51 +161,37 @@ def round_weights(
     model_path: Path,
     out_path: Path,
     op_types: set[str] | None,
-    excluded: set[str],
     batches: Callable[[], Iterable[dict[str, np.ndarray]]],
     max_batches: int | None = None,
     stages: int = STAGES,
 ) -> RoundingResult:
-    """GPTQ-round the constant weights of the quantizable Conv/Gemm/MatMul nodes of `model_path` (see module doc)."""
+    """GPTQ-round the constant weights of every Conv/Gemm/MatMul of `op_types` (None: all three) in `model_path`
+    (see module doc). Layers the caller keeps float are rounded too; it restores them from `originals`."""
     import onnx
-    import onnxruntime as ort
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
+
+    from tritonkit.quantize import _fake_quant_weight, probe_tensors
 
     model = onnx.load(str(model_path))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    layers = _layers(graph, op_types, excluded)
+    layers = _layers(graph, op_types)
     if not layers:
         raise QuantizationError("weight_rounding='gptq' set but no quantized Conv/Gemm/MatMul with a constant weight")
     nodes = {n.name: n for n in graph.node}
     inputs = {layer.node: nodes[layer.node].input[0] for layer in layers}
-    shapes = {layer.weight: tuple(inits[layer.weight].dims) for layer in layers}
-    options = ort.SessionOptions()
-    options.enable_cpu_mem_arena = False  # one run's activations of every layer: do not keep their peak
     originals, rounded, nearest = {}, {}, 0
     # Layers in graph order, in `stages` chunks: each chunk is measured on the graph whose earlier chunks are
     # already rounded, so it compensates the error it actually receives (one calibration pass per chunk).
     chunk = -(-len(layers) // max(1, min(stages, len(layers))))
     for start in range(0, len(layers), chunk):
         stage = layers[start : start + chunk]
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        existing = {o.name for o in probe.graph.output}
         names = list(dict.fromkeys(inputs[layer.node] for layer in stage))
-        for name in names:
-            if name not in existing:
-                probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        feed_names = {i.name for i in session.get_inputs()}
         rng = np.random.default_rng(start)
-        for b, feeds in enumerate(batches()):
-            if max_batches is not None and b >= max_batches:
-                break
-            outs = dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in feed_names})))
+        # Without the arena: one run outputs the activations of a whole chunk of layers.
+        for outs in probe_tensors(model, names, batches, max_batches, arena=False):
             for layer in stage:
-                _accumulate(layer, outs[inputs[layer.node]], shapes[layer.weight], rng)
-            del outs
-        del session, probe
+                _accumulate(layer, outs[inputs[layer.node]], tuple(inits[layer.weight].dims), rng)
         for layer in stage:
             if layer.weight in rounded:  # a weight shared by two nodes is rounded once, for the first
                 continue
@@ -214,9 +200,7 @@ def round_weights(
             q, kept = gptq(m, layer.hessian / max(layer.samples, 1))
             layer.hessian = None
             if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
-                s = np.abs(m).max(axis=2, keepdims=True) / QMAX
-                s = np.where(s > 0, s, 1.0)
-                q = np.where(kept[:, :, None], q, np.clip(np.round(m / s), -QMAX, QMAX) * s)
+                q = np.where(kept[:, :, None], q, _fake_quant_weight(m.reshape(-1, m.shape[2]), True).reshape(m.shape))
                 nearest += int((~kept).sum())
             originals[layer.weight] = w
             rounded[layer.weight] = layer.node
