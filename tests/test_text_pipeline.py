@@ -63,9 +63,13 @@ def test_fp32_ensemble_equals_sentence_transformers_concurrently(server):
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
 
 
-# How far one text's served embedding may move with its batch-mates (padding, bucketing, kernel blocking):
-# measured by test_batching_noise_is_bounded; every served-vs-offline comparison allows this and no more.
+# How far one text's served embedding may move with its batch-mates (packing, kernel blocking): measured by
+# test_batching_noise_is_bounded; every served-vs-offline comparison allows this and no more.
 BATCHING_NOISE = 2e-5  # 1 - cosine
+# The INT8 encoder's packed graph moves more: a text's softmax sums its row in another order when other texts
+# share the row, and a last-bit change can cross a uint8 level (tritonkit.kinds.text.write_packed; up to 6e-4
+# measured on 96 validation texts). The build proves the packed INT8 graph against the gates, not this bound.
+INT8_PACKING_NOISE = 2e-3
 
 
 def _one_at_a_time(url: str, model: str, texts: list[str]) -> np.ndarray:
@@ -73,25 +77,29 @@ def _one_at_a_time(url: str, model: str, texts: list[str]) -> np.ndarray:
     return np.concatenate([embed([t], client=client, model=model).vectors for t in texts])
 
 
-def test_batching_noise_is_bounded(server):
+@pytest.mark.parametrize(("model", "bound"), [("text_embedding_fp32", BATCHING_NOISE),
+                                              ("text_embedding", INT8_PACKING_NOISE)])
+def test_batching_noise_is_bounded(server, model, bound):
     """The same texts alone (batch of one) and inside concurrent mixed-length dynamic batches."""
     texts = _texts_of_mixed_lengths()
-    alone = _one_at_a_time(server.http_url, "text_embedding", texts)
-    batched = _concurrent_single_requests(server.http_url, "text_embedding", texts)
+    alone = _one_at_a_time(server.http_url, model, texts)
+    batched = _concurrent_single_requests(server.http_url, model, texts)
     noise = 1.0 - row_metric("cosine", alone, batched)
-    assert noise.max() <= BATCHING_NOISE, f"text {int(noise.argmax())} moved by {noise.max():.2e} in a batch"
+    assert noise.max() <= bound, f"text {int(noise.argmax())} moved by {noise.max():.2e} in a batch"
 
 
 def test_int8_ensemble_is_the_offline_int8_model_and_meets_the_gate(server):
     from tritonkit.models import minilm
 
     texts = _texts_of_mixed_lengths()
-    got = _concurrent_single_requests(server.http_url, "text_embedding", texts)
     sess = minilm.session(ensure_text_built().int8)
     offline = np.concatenate([sess.run(["embedding"], minilm.encode([t]))[0] for t in texts])
-    noise = 1.0 - row_metric("cosine", got, offline)
+    # One at a time a text fills its packed row alone, so the served graph must be the offline one exactly.
+    alone = _one_at_a_time(server.http_url, "text_embedding", texts)
+    noise = 1.0 - row_metric("cosine", alone, offline)
     assert noise.max() <= BATCHING_NOISE, f"served INT8 differs from the offline model by {noise.max():.2e}"
-    # Against sentence-transformers' FP32 itself: the INT8 gate (a constant of the spec).
+    # Batched with others, against sentence-transformers' FP32 itself: the INT8 gate (a constant of the spec).
+    got = _concurrent_single_requests(server.http_url, "text_embedding", texts)
     cos = row_metric("cosine", got, st_model().encode(texts, batch_size=16))
     assert cos.min() >= minilm.gate("cosine_min"), f"worst text {int(cos.argmin())}: cos {cos.min():.5f}"
 

@@ -44,6 +44,11 @@ class AddError(TritonkitError, ValueError):
     """The model cannot be added; the message says what is missing and where."""
 
 
+# raised by tritonkit.packing
+class PackingError(TritonkitError, ValueError):
+    """An encoder graph cannot be rewritten for packed batches; the message names the part not found."""
+
+
 # raised by tritonkit.export
 class ExportValidationError(TritonkitError, RuntimeError):
     """Some samples of the exported graph differ from the reference beyond the spec's tolerance."""

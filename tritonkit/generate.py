@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tritonkit import paths
+from tritonkit import packing, paths
 from tritonkit.config import DynamicBatching, EnsembleStep, ModelSpec, Tensor
 
 MAX_CHARS = 100_000
@@ -76,6 +76,9 @@ def text_repository(kind) -> list[Entry]:
     ragged = [Tensor(t.name, t.dtype, t.dims, allow_ragged_batch=True) for t in token_outputs]
     encoder_params = {"ragged_max_padding": str(s.ragged_max_padding), "pad_value.input_ids": str(f.pad_id),
                       "pad_value.attention_mask": "0"}
+    if kind.packable:  # texts laid end to end without padding (tritonkit.packing); buckets if the file is absent
+        encoder_params |= {"packed_model": packing.packed_path(Path("model.onnx")).name,
+                           "packed_row_tokens": str(packing.ROW_TOKENS)}
     about = f"{spec.description or spec.name}: {f.pooling} pooling, {f.dim} floats" + \
         (", L2-normalised" if f.normalize else "")
     entries = [

@@ -19,6 +19,11 @@ Config `parameters` (string values), same keys as the native backend where one e
   ragged_max_padding                              split a ragged batch into length buckets so that padding is
                                                   at most this fraction of each run's elements (tritonkit.batching;
                                                   default: one run per execute(), padded to the longest)
+  packed_model                                    a text encoder's packed form (tritonkit.packing), in the version
+                                                  directory: each execute() runs its texts end to end in rows,
+                                                  no padding, one run; the config's inputs stay input_ids +
+                                                  attention_mask. Absent file: length buckets, with a warning
+  packed_row_tokens                               tokens per packed row (default tritonkit.packing.ROW_TOKENS)
   arena_release_batch                             after a burst of runs above this many rows, give ORT's CPU
                                                   arena back to the OS (tritonkit.backend_utils.ArenaRelease;
                                                   default max_batch_size // 4, "0": never)
@@ -34,6 +39,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
+from tritonkit import packing
 from tritonkit.backend_utils import (
     ArenaRelease,
     error_response,
@@ -98,6 +104,21 @@ class TritonPythonModel:
                     f"{self.name}: config input '{spec['name']}' is not an input of {filename} "
                     f"(model inputs: {sorted(session_inputs)})"
                 )
+        self.packed = None
+        packed_name = param(self.config, "packed_model")
+        if packed_name and self.max_batch_size > 0:
+            packed_file = model_dir / packed_name
+            if packed_file.exists():
+                self.packed = ort.InferenceSession(str(packed_file), options, providers=["CPUExecutionProvider"])
+                meta = self.packed.get_modelmeta().custom_metadata_map
+                self.pooling = meta[packing.META_POOLING]
+                self.row_tokens = int(param(self.config, "packed_row_tokens", str(packing.ROW_TOKENS)))
+                self.pad_id = int(float(param(self.config, "pad_value.input_ids", "0")))
+                pb_utils.Logger.log_info(f"{self.name}: packed batches from {packed_name} ({self.pooling} pooling, "
+                                         f"rows of {self.row_tokens} tokens)")
+            else:
+                pb_utils.Logger.log_warn(f"{self.name}: {packed_name} not found; padded length buckets instead "
+                                         "(`make build` writes it)")
         labels = {"model": self.name, "version": str(args["model_version"])}
         self._families, self._metrics = ort_metrics(pb_utils, labels)
         self.arena = ArenaRelease(self.config)
@@ -159,16 +180,39 @@ class TritonPythonModel:
             padding += merged[spec["name"]].size - sum(a.size for a in arrays)
         return merged, total, padding
 
+    def _pack(self, feeds_list: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], int, int]:
+        """Every text of every request, unpadded (its attention_mask's ones), laid end to end in rows."""
+        texts = []
+        for feeds in feeds_list:
+            ids, mask = feeds["input_ids"], feeds["attention_mask"]
+            if ids.shape != mask.shape:
+                raise _RequestError(f"input 'attention_mask': shape {list(mask.shape)} differs from input_ids' "
+                                    f"{list(ids.shape)}")
+            for row, keep in zip(ids, mask != 0):
+                if not keep.any():
+                    raise _RequestError("input 'attention_mask': a text with no tokens (all zeros)")
+                texts.append(row[keep])
+        feeds = packing.pack(texts, self.row_tokens, self.pooling, self.pad_id)
+        tokens = sum(len(t) for t in texts)
+        return feeds, feeds["input_ids"].size, feeds["input_ids"].size - tokens
+
     def _run(self, feeds_list: list[dict[str, np.ndarray]], retry: bool = False) -> list[list[np.ndarray]]:
-        if self.max_batch_size == 0:
+        session = self.session
+        if self.packed is not None:
+            merged, total, padding = self._pack(feeds_list)
+            session = self.packed
+        elif self.max_batch_size == 0:
             merged, total, padding = feeds_list[0], sum(a.size for a in feeds_list[0].values()), 0
         else:
             merged, total, padding = self._batch(feeds_list)
-        rows = next(iter(merged.values())).shape[0] if self.max_batch_size else 1
+        if self.packed is not None:
+            rows = merged["pool"].shape[0]  # texts, not packed rows
+        else:
+            rows = next(iter(merged.values())).shape[0] if self.max_batch_size else 1
         if retry:
             self._metrics["retried_runs"].increment(1)
         try:
-            results, released = self.arena.run(self.session, [name for name, _ in self.outputs], merged, rows)
+            results, released = self.arena.run(session, [name for name, _ in self.outputs], merged, rows)
         except Exception:
             self._metrics["failed_runs"].increment(1)
             raise
@@ -222,7 +266,7 @@ class TritonPythonModel:
         if self.max_batch_size == 0:  # no batch axis, nothing to merge: one run per request
             return [[g] for g in good]
         ragged = [s["name"] for s in self.inputs if s["ragged"]]
-        if self.max_padding is None or not ragged or len(good) < 2:
+        if self.packed is not None or self.max_padding is None or not ragged or len(good) < 2:
             return [good]
         # A request's length: its widest ragged input (all ragged inputs of a text model share the length).
         lengths = [max(int(np.prod(f[n].shape[1:])) for n in ragged if n in f) for _, f in good]
@@ -245,4 +289,4 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self._metrics.clear()
         self._families.clear()
-        self.session = None
+        self.session = self.packed = None
