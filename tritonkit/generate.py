@@ -104,9 +104,10 @@ def text_repository(kind) -> list[Entry]:
     if s.fused:
         entries.append(Entry(ModelSpec(
             name=f"{spec.name}_fused", backend="python", max_batch_size=s.max_batch_size, inputs=text_in,
-            outputs=[embedding, *extras], instance_count=1,
+            outputs=[embedding, *extras], instance_count=s.model_instances,
             dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.queue_delay_us),
-            parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx", "intra_op_thread_count": "2",
+            parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx",
+                        "intra_op_thread_count": str(s.model_threads),
                         **tokenizer_params, "ragged_max_padding": str(s.ragged_max_padding)},
             header=_header(kind, f"`{spec.name}` in one Python stub: tokenizer + the INT8 encoder's ONNX.")),
             "fused"))

@@ -2,8 +2,9 @@
 
 Same inputs, outputs and per-request errors as the ensemble, without its second stub round trip: all texts of all
 requests of one execute() go through one `encode_batch`, then onnxruntime runs the encoder's ONNX (parameter
-`onnx_model`, default the INT8 `text_encoder`'s file, shared rather than copied) over them in length buckets
-(`ragged_max_padding`, tritonkit.batching, as text_encoder does), and the embeddings are split back per request.
+`onnx_model`, default the INT8 `text_encoder`'s file, shared rather than copied) over them, packed end to end
+when the build wrote that file's packed form (tritonkit.packing, as text_encoder does), else in length buckets
+(`ragged_max_padding`, tritonkit.batching), and the embeddings are split back per request.
 Validation and tokenization are tritonkit/textproc.py, shared with the `tokenizer` model; ORT threads follow the
 parameters of backends/onnxruntime (intra_op_thread_count, ...).
 
@@ -19,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
-from tritonkit import textproc
+from tritonkit import packing, textproc
 from tritonkit.backend_utils import ArenaRelease, error_response, ort_metrics, param, session_options
 from tritonkit.batching import length_buckets
 
@@ -43,9 +44,15 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"{self.name}: encoder model not found: {onnx_path} (built by `python -m tritonkit.build text`)"
             )
+        packed = packing.packed_path(onnx_path)
+        self.packed = packed.exists()
         self.session = ort.InferenceSession(
-            str(onnx_path), session_options(config), providers=["CPUExecutionProvider"]
+            str(packed if self.packed else onnx_path), session_options(config), providers=["CPUExecutionProvider"]
         )
+        if self.packed:
+            self.pooling = self.session.get_modelmeta().custom_metadata_map[packing.META_POOLING]
+            self.row_tokens = int(param(config, "packed_row_tokens", str(packing.ROW_TOKENS)))
+        pb_utils.Logger.log_info(f"{self.name}: {'packed batches from ' + packed.name if self.packed else 'buckets'}")
         self.dim = int(pb_utils.get_output_config_by_name(config, "embedding")["dims"][-1])
         # Unset: one run padded to the longest text of the execute().
         max_padding = param(config, "ragged_max_padding")
@@ -56,6 +63,16 @@ class TritonPythonModel:
         self.arena = ArenaRelease(config)
 
     def _embed(self, encodings: list) -> np.ndarray:
+        if self.packed:
+            # Pad slots are masked out of every text, so any valid id will do (textproc.pad uses 0 too).
+            feeds = packing.pack([np.asarray(e.ids, np.int64) for e in encodings], self.row_tokens, self.pooling)
+            results, released = self.arena.run(self.session, ["embedding"], feeds, len(encodings))
+            tokens = sum(len(e.ids) for e in encodings)
+            self._metrics["arena_releases"].increment(int(released))
+            self._metrics["session_runs"].increment(1)
+            self._metrics["input_elements"].increment(feeds["input_ids"].size)
+            self._metrics["padding_elements"].increment(feeds["input_ids"].size - tokens)
+            return results[0]
         lengths = [len(e.ids) for e in encodings]
         runs = length_buckets(lengths, None, self.max_padding)
         out = np.empty((len(lengths), self.dim), dtype=np.float32)
