@@ -6,7 +6,9 @@ The perf lab's ceiling (tritonkit.baselines.onnx_text) sorts the whole benchmark
 batching, so padding is nearly zero. An online server sees texts in arrival order and only the requests in flight
 (16 at c=16), so this times our own INT8 ONNX in ONNX Runtime, in-process (tokenize + pad + run per batch), on
 the same texts both ways: sorted across the set, and in one fixed random order; at the batch sizes and thread
-counts a served encoder instance runs with. Configurations are interleaved, the median of the repeats printed.
+counts a served encoder instance runs with; and, in arrival order, packed end to end without padding through the
+built packed graph (tritonkit.packing), as the served encoder now runs. Configurations are interleaved, the
+median of the repeats printed.
 """
 
 from __future__ import annotations
@@ -19,22 +21,23 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import baselines, data, kinds
+from tritonkit import baselines, data, kinds, packing
 
 # (intra-op threads, batch, order): the lab's ceiling first, then what a served instance can see.
 CONFIGS = [(2, 32, "sorted"), (2, 32, "arrival"), (2, 16, "arrival"), (2, 8, "arrival"), (1, 8, "arrival"),
-           (1, 4, "arrival")]
+           (1, 4, "arrival"), (2, 32, "packed"), (2, 16, "packed"), (1, 8, "packed"), (1, 4, "packed")]
 
 
 def rate(kind, sessions, texts, lengths, threads: int, batch: int, order: str, seconds: float) -> float:
     ordered = sorted(texts, key=lengths.get) if order == "sorted" else random.Random(0).sample(texts, len(texts))
     batches = [ordered[i : i + batch] for i in range(0, len(ordered) - batch + 1, batch)]
-    sess = sessions[threads]
+    sess = sessions[threads, order == "packed"]
+    feed = kind.packed_feeds if order == "packed" else kind.encode
     for b in batches[:3]:
-        sess.run([kind.OUTPUT], kind.encode(b))
+        sess.run([kind.OUTPUT], feed(b))
     n, i, t0 = 0, 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        sess.run([kind.OUTPUT], kind.encode(batches[i % len(batches)]))
+        sess.run([kind.OUTPUT], feed(batches[i % len(batches)]))
         n, i = n + batch, i + 1
     return n / (time.perf_counter() - t0)
 
@@ -50,7 +53,8 @@ def main() -> None:
     tok = kind.load_tokenizer()
     lengths = {t: len(tok.encode(t).ids) for t in texts}
     path = baselines.onnx_file(args.model, "int8")
-    sessions = {t: kind.session(path, threads=t) for t in {c[0] for c in CONFIGS}}
+    sessions = {(t, packed): kind.session(packing.packed_path(path) if packed else path, threads=t)
+                for t, _, order in CONFIGS for packed in (order == "packed",)}
     runs: dict[tuple, list[float]] = {c: [] for c in CONFIGS}
     for _ in range(args.repeats):
         for c in CONFIGS:

@@ -141,6 +141,10 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
         Contender("st_best", lambda: baselines.st_best_batch(texts, s, name)),
         Contender("st_per_text", lambda: baselines.st_per_text(texts, c, s, name)),
     ]
+    if kinds.get(name).spec.serving.fused:  # the same pipeline in one stub, same generator
+        fused = peers.triton_http(server.http_url, f"{name}_fused",
+                                  f"tritonkit {name}_fused (one stub, Triton HTTP/REST, same load generator)")
+        out.insert(1, Contender("served_fused_http", lambda: peers.http_point(fused, texts, c, s), "server"))
     skipped = []
     if not settings.peers:
         return out, [{"label": "peer servers and sentence-transformers ONNX qint8", "reason": "run with --peers"}]
@@ -188,8 +192,8 @@ def pipeline(name: str) -> Pipeline:
         workloads = [
             Workload(n, f"{n} ({served} ensemble)", _text_rows, (pre, int8), True),
             Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _text_rows, (pre, fp32), True, full_only=True),
-            *([Workload(f"{n}_fused", f"{n}_fused ({served}, one stub)", _text_rows, (f"{n}_fused",), True,
-                        full_only=True)] if kind.spec.serving.fused else []),
+            *([Workload(f"{n}_fused", f"{n}_fused ({served}, one stub)", _text_rows, (f"{n}_fused",), True)]
+              if kind.spec.serving.fused else []),
             Workload(pre, f"{pre} alone", _text_rows, (pre,)),
             Workload(int8, f"{int8} alone (pre-tokenized)", partial(_token_rows, n), (int8,)),
         ]

@@ -278,17 +278,17 @@ class TextEmbedding(Kind):
         tmp.replace(out)
         return out
 
-    def embed_packed(self, sess, texts: Sequence[str], batch_size: int = PACKED_BATCH) -> np.ndarray:
-        """Embeddings in the input order, `batch_size` texts per packed run in that (arrival) order."""
+    def packed_feeds(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """`texts` tokenized and packed end to end (tritonkit.packing), as the served encoder runs them."""
         from tritonkit import packing
 
-        tok = self._tokenizer(self.MAX_LENGTH)
-        out = []
-        for start in range(0, len(texts), batch_size):
-            ids = [np.asarray(e.ids, np.int64) for e in tok.encode_batch(list(texts[start : start + batch_size]))]
-            feeds = packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id)
-            out.append(sess.run([OUTPUT], feeds)[0])
-        return np.concatenate(out)
+        ids = [np.asarray(e.ids, np.int64) for e in self._tokenizer(self.MAX_LENGTH).encode_batch(list(texts))]
+        return packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id)
+
+    def embed_packed(self, sess, texts: Sequence[str], batch_size: int = PACKED_BATCH) -> np.ndarray:
+        """Embeddings in the input order, `batch_size` texts per packed run in that (arrival) order."""
+        return np.concatenate([sess.run([OUTPUT], self.packed_feeds(texts[start : start + batch_size]))[0]
+                               for start in range(0, len(texts), batch_size)])
 
     # -- served model repository ------------------------------------------------------------------------
 
