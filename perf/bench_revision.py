@@ -2,7 +2,7 @@
 
     python perf/bench_revision.py REV [--models text_embedding_fp32 image_classification_fp32] [--repeats 3]
 
-REV is checked out as a git worktree under build/revisions/<sha> (kept for the next run). Its model repository
+REV is checked out as a git worktree under .build/revisions/<sha> (kept for the next run). Its model repository
 gets this checkout's built files wherever it has none (linked: same model, same version), so the two sides differ
 only in what serves them: that revision's configs, Python models, backend and server code. Each side runs its
 own `python -m tritonkit.server serve`, with its own code first on PYTHONPATH, on free ports; both stay up, and
