@@ -216,8 +216,10 @@ def overload_profile(repository: Path = paths.MODEL_REPOSITORY) -> dict[Path, st
 
 NGC_REPOSITORY = paths.ROOT / "build" / "ngc_repository"
 NGC_CPU_REPOSITORY = paths.ROOT / "build" / "ngc_cpu_repository"
-# Parameters of our Python-based ONNX Runtime backend that mean nothing to the native one (length buckets, padding).
-EMBEDDED_ORT_PARAMETERS = ("ragged_max_padding", "pad_value.")
+# Parameters of our Python-based ONNX Runtime backend that mean nothing to the native one (length buckets, padding,
+# packed batches) and the packed graphs only it reads.
+EMBEDDED_ORT_PARAMETERS = ("ragged_max_padding", "pad_value.", "packed_")
+EMBEDDED_ORT_FILES = ("*.packed.onnx",)
 _GENERATED = ".generated-by-tritonkit"
 
 
@@ -257,7 +259,7 @@ def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY,
             for plan, meta in native_check.plan_metadata(src_dir, cfg).items():
                 engines.check_plan_metadata(meta, target, f"{name}/{plan}")
         shutil.copytree(src_dir, dest / name, ignore=shutil.ignore_patterns(".*", "__pycache__", "config.pbtxt",
-                                                                              "configs"))
+                                                                              "configs", *EMBEDDED_ORT_FILES))
         config_files = [src_dir / "config.pbtxt", *sorted((src_dir / "configs").glob("*.pbtxt"))]
         for path in config_files:
             edited = parse_config(path.read_text(), name)
