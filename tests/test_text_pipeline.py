@@ -117,6 +117,15 @@ def test_requests_of_different_lengths_share_a_run_without_full_padding(server):
     assert total < 2 * 32 * 256 and 0 <= padding < total
 
 
+def test_both_encoders_serve_their_packed_graph(server):
+    """The build wrote and proved each encoder's packed graph, and the served encoders run it (their log says so;
+    a missing file would fall back to length buckets with a warning instead)."""
+    log = server.log_path.read_text()
+    for encoder in ("text_encoder", "text_encoder_fp32"):
+        assert (server.model_repository / encoder / "1" / "model.packed.onnx").exists(), encoder
+        assert f"{encoder}: packed batches from model.packed.onnx" in log, encoder
+
+
 def test_batch_of_texts_in_one_request_and_all_clients_agree(server):
     texts = _texts_of_mixed_lengths(10)
     http = embed(texts, url=server.http_url, batch_size=4, concurrency=3)
