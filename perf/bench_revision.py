@@ -18,14 +18,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import lab, paths
+from tritonkit import lab, paths, peers
 from tritonkit.config import parse_config
 from tritonkit.perf import run_perf_analyzer, write_input_data
 from tritonkit.server import free_port
@@ -68,16 +66,7 @@ def serve(root: Path, models: list[str], log: Path):
                                  "--models", ",".join(models), "--key-file", str(log.with_suffix(".key"))],
                                 cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"server in {root} did not become ready; see {log}")
-            time.sleep(1)
+        peers.wait_ready(f"http://127.0.0.1:{http}/v2/health/ready", proc, log, timeout_s=300)
         yield f"127.0.0.1:{grpc}"
     finally:
         proc.terminate()

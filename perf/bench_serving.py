@@ -6,7 +6,7 @@ Each variant is a scratch model repository holding the spec's ensemble, tokenize
 directories linked, configs copied and edited through Triton's own schema), served by a fresh tritonserver and
 driven by the perf lab's HTTP load generator (tritonkit.peers.http_point: 16 callers, one real benchmark text
 per request). While it runs, the CPU time of every process (tritonserver, each Python stub, the load generator)
-is read from /proc. Variants are interleaved; the median of the repeats is printed.
+is read from /proc (tritonkit.load, as the soak does). Variants are interleaved; the median of the repeats is printed.
 
   generated    the configs as `python -m tritonkit.generate` writes them
   buckets      the encoder without its packed graph: padded length buckets (ragged_max_padding)
@@ -26,10 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import data, kinds, paths, peers
+from tritonkit import data, kinds, load, paths, peers
 from tritonkit.server import TritonServer
-
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _edit_buckets(cfg: mc.ModelConfig) -> None:
@@ -43,9 +41,14 @@ def _edit_delay(cfg: mc.ModelConfig) -> None:
 VARIANTS = {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay}
 
 
+def models(kind) -> list[str]:
+    """The ensemble and its two steps."""
+    return [kind.spec.name, kind.PREPROCESSOR, kind.INT8_MODEL]
+
+
 def scratch_repository(kind, root: Path, edit) -> Path:
-    """The three models of the ensemble, their files linked, the encoder's config edited by `edit`."""
-    for model in (kind.spec.name, kind.PREPROCESSOR, kind.INT8_MODEL):
+    """The ensemble's models, their files linked, the encoder's config edited by `edit`."""
+    for model in models(kind):
         src, dst = paths.MODEL_REPOSITORY / model, root / model
         dst.mkdir(parents=True)
         for entry in src.iterdir():
@@ -58,48 +61,19 @@ def scratch_repository(kind, root: Path, edit) -> Path:
     return root
 
 
-def _tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        children.setdefault(ppid, []).append(int(d))
-    out = [root]
-    for pid in out:
-        out.extend(children.get(pid, []))
-    return out
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def _role(pid: int, server_pid: int, models: list[str]) -> str:
-    if pid == server_pid:
-        return "tritonserver"
-    cmd = Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    return next((f"stub {m}" for m in sorted(models, key=len, reverse=True) if f" {m}_" in cmd), "other")
-
-
 def measure(kind, edit, texts: list[str], seconds: float) -> dict[str, float]:
-    models = [kind.spec.name, kind.PREPROCESSOR, kind.INT8_MODEL]
     with tempfile.TemporaryDirectory() as tmp, \
             TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit),
-                                       models=models) as server:
+                                       models=models(kind)) as server:
         target = peers.triton_http(server.http_url, kind.spec.name)
         peers.http_point(target, texts, 16, 2.0)  # warm-up
 
         def snapshot() -> dict[str, float]:
+            """CPU seconds so far per process of the server's group, stubs summed per model."""
             cpu: dict[str, float] = {}
-            for pid in _tree(server.process.pid):
-                try:
-                    role = _role(pid, server.process.pid, models)
-                    cpu[role] = cpu.get(role, 0.0) + _cpu_s(pid)
-                except OSError:
-                    pass
+            for pid, ticks in load.group_cpu_ticks(server.process.pid).items():
+                name = load.process_name(pid, server.process.pid) or "gone"
+                cpu[name] = cpu.get(name, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
             return cpu
 
         before, mine, wall = snapshot(), os.times(), os.times().elapsed

@@ -273,7 +273,7 @@ def stats_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
 
 # -- memory of the server's process group ----------------------------------------------------------------------
 
-def _group_cpu_ticks(pgid: int) -> dict[int, int]:
+def group_cpu_ticks(pgid: int) -> dict[int, int]:
     """The live processes of the group and the CPU (user + system clock ticks) each has used so far."""
     pids = {}
     for entry in os.listdir("/proc"):
@@ -286,6 +286,17 @@ def _group_cpu_ticks(pgid: int) -> dict[int, int]:
         if int(stat[2]) == pgid:
             pids[int(entry)] = int(stat[11]) + int(stat[12])  # utime, stime
     return pids
+
+
+def process_name(pid: int, pgid: int) -> str | None:
+    """"tritonserver", a Python-backend stub's model (read from its argv), or the program; None once it is gone."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if pid == pgid:
+        return "tritonserver"
+    return Path(argv[1]).parent.parent.name if len(argv) > 1 and argv[0].endswith("_stub") else Path(argv[0]).name
 
 
 def _rollup(pid: int) -> dict[str, int]:
@@ -315,21 +326,16 @@ def group_memory(pgid: int) -> dict:
     total_rss = total_pss = 0.0
     by_model: dict[str, float] = {}
     processes = 0
-    ticks = _group_cpu_ticks(pgid)
+    ticks = group_cpu_ticks(pgid)
     for pid in ticks:
         roll = _rollup(pid)
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not roll:
+        name = process_name(pid, pgid)
+        if name is None or not roll:
             continue
         processes += 1
         rss, pss = roll.get("Rss", 0) / 1024, roll.get("Pss", 0) / 1024
         total_rss += rss
         total_pss += pss
-        name = "tritonserver" if pid == pgid else (
-            Path(argv[1]).parent.parent.name if len(argv) > 1 and argv[0].endswith("_stub") else Path(argv[0]).name)
         by_model[name] = by_model.get(name, 0.0) + pss
     return {"processes": processes, "rss_mib": total_rss, "pss_mib": total_pss,
             "pss_by_process_mib": {k: round(v, 1) for k, v in sorted(by_model.items())},

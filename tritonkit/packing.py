@@ -6,12 +6,13 @@ A dynamic batch of texts in arrival order mixes lengths, and padding each to the
 end in rows of up to `row_tokens` tokens, each token attends only to tokens of its own text (a block-diagonal mask
 built in the graph from segment ids), positions restart at every text, and pooling is one MatMul with a
 [texts, rows*tokens] weight matrix. Every per-token operation (embeddings, the dense layers, LayerNorm, GELU) is
-row-independent, and masked keys get exactly zero attention weight, so each text's embedding equals its padded
-one: `pack_graph` rewrites the built FP32 or INT8 graph in place of re-exporting, which keeps the INT8 recipe's
-weights and scales byte for byte.
+row-independent, and masked keys get exactly zero attention weight, so in float each text's embedding equals its
+padded one (an INT8 graph moves by its softmax's summation order; tritonkit.kinds.text.write_packed says how it
+is proven instead). `pack_graph` rewrites the built FP32 or INT8 graph in place of re-exporting, which keeps the
+INT8 recipe's weights and scales byte for byte.
 
-    packed = pack_graph(onnx.load(path), pooling="mean", normalize=True)
-    feeds, order = pack([ids0, ids1, ...], row_tokens=128, pooling="mean")
+    packed = pack_graph(onnx.load(path), pooling="mean", normalize=True, dim=384)
+    feeds = pack([ids0, ids1, ...], row_tokens=ROW_TOKENS, pooling="mean")  # output row i: text i
 """
 
 from __future__ import annotations

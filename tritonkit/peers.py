@@ -214,7 +214,8 @@ def _free_port() -> int:
     return free_port()
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Poll `url` until it answers 200; PeerUnavailable (with the log's tail) if `proc` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -274,7 +275,7 @@ def infinity(model_dir: Path, name: str, pooling: str = "mean", batch_size: int 
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=peer_env(), cwd=PEERS_DIR,
                                 start_new_session=True)
     try:
-        _wait_ready(f"http://127.0.0.1:{port}/health", proc, log, STARTUP_S)
+        wait_ready(f"http://127.0.0.1:{port}/health", proc, log, STARTUP_S)
         yield PeerServer(f"Infinity {INFINITY_VERSION} (ONNX qint8, HTTP /embeddings)", "127.0.0.1", port,
                          "/embeddings", lambda t: json.dumps({"model": name, "input": [t]}).encode(),
                          lambda r: r["data"][0]["embedding"])

@@ -200,15 +200,13 @@ class TritonPythonModel:
         session = self.session
         if self.packed is not None:
             merged, total, padding = self._pack(feeds_list)
-            session = self.packed
+            session, rows = self.packed, merged["pool"].shape[0]  # texts, not packed rows
         elif self.max_batch_size == 0:
             merged, total, padding = feeds_list[0], sum(a.size for a in feeds_list[0].values()), 0
+            rows = 1
         else:
             merged, total, padding = self._batch(feeds_list)
-        if self.packed is not None:
-            rows = merged["pool"].shape[0]  # texts, not packed rows
-        else:
-            rows = next(iter(merged.values())).shape[0] if self.max_batch_size else 1
+            rows = next(iter(merged.values())).shape[0]
         if retry:
             self._metrics["retried_runs"].increment(1)
         try:
