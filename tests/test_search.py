@@ -231,3 +231,35 @@ def test_docs_keep_the_last_documented_search_of_a_replayed_model():
     sections = _search_sections(page)
     assert sections[("m", "served")] == "## Search (10.0 s on the validation split)\n| step |\n"
     assert sections[("m", "tensorrt")] == "## Search (5.0 s on the validation split)\nsteps\n"
+
+
+def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
+    """An all-ops Q/DQ graph's float depthwise conv reads a DequantizeLinear and reaches a QuantizeLinear through a
+    Clip: onnxruntime's WeightBiasQuantization would give its weights one int8 scale at session load, undoing the
+    fallback. With the guard, the default session computes what a session without that pass computes."""
+    import onnxruntime as ort
+    import torch
+
+    from tritonkit import quantize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
+                              torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU6(),
+                              torch.nn.Conv2d(16, 8, 1))
+    with torch.no_grad():  # channels 1000x apart: one per-tensor int8 scale flattens the small ones to zero
+        net[2].weight.mul_(torch.logspace(-3, 0, 16).view(16, 1, 1, 1))
+        net[4].weight.div_(torch.logspace(-3, 0, 16).view(1, 16, 1, 1))
+    path = tmp_path / "convs.onnx"
+    torch.onnx.export(net.eval(), (torch.zeros(1, 3, 8, 8),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
+    depthwise = next(n.name for n in onnx.load(str(path)).graph.node
+                     if n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute))
+    x = np.random.default_rng(0).uniform(-1, 1, (32, 3, 8, 8)).astype(np.float32)
+    recipe = search.Recipe(form="uint8", placement="all", float_nodes=[depthwise]).to_quant(("Conv",))
+    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    assert any(n.name == f"{depthwise}_keep_float" for n in onnx.load(str(out)).graph.node)
+
+    def run(**kw):
+        return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"], **kw).run(None, {"x": x})[0]
+
+    np.testing.assert_allclose(run(), run(disabled_optimizers=["WeightBiasQuantization"]), atol=1e-5)
