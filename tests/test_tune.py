@@ -143,7 +143,7 @@ def _tuner(tmp_path: Path, ensemble: str = "text_embedding") -> tune.Tuner:
 
 def _record(tuner: tune.Tuner, profile: str, point: tune.Point) -> dict:
     return {"ensemble": tuner.ensemble, "profile": profile, "command": f"make tune PROFILE={profile}",
-            "models": [*tuner.steps, tuner.ensemble], "winner": point}
+            "models": [*tuner.steps, tuner.ensemble], "start": tuner.start, "winner": point}
 
 
 def _point(tuner: tune.Tuner, **changes: dict) -> tune.Point:
@@ -169,7 +169,7 @@ def test_write_profile_writes_a_valid_profile_and_removes_stale_files(tmp_path, 
     assert not tok.exists()
     for path in (enc, ens):
         text = path.read_text()
-        assert text.startswith("# Profile 'fast' written by `make tune PROFILE=fast`")
+        assert text.startswith("# Profile 'fast': config.pbtxt with the knobs `make tune PROFILE=fast` chose")
         assert "--model-config-name=fast" in text
         assert to_pbtxt(parse_config(text)) == to_pbtxt(changed[path.parent.parent.name])
     assert json.loads(record.read_text())["winner"] == point
@@ -196,6 +196,21 @@ def test_write_profile_writes_a_valid_profile_and_removes_stale_files(tmp_path, 
     assert load_profile(text_repo, "fast")["tokenizer"].dynamic_batching.max_queue_delay_microseconds == 1000
     assert json.loads(record.read_text())["winner"] == point2
     validate_repository(text_repo)
+
+
+def test_a_tuned_profile_follows_config_changes_made_after_tuning(tmp_path, text_repo, profiles_dir):
+    """A profile is config.pbtxt plus the knobs its tuner changed: regenerating gives what tune wrote, and a
+    parameter added to the config after tuning reaches the profile instead of being frozen out of it."""
+    tuner = _tuner(tmp_path)
+    point = _point(tuner, text_encoder={"max_batch": 32})
+    written = tune.write_profile("fast", tune.profile_configs(tuner, point), _record(tuner, "fast", point),
+                                 repository=text_repo)
+    assert tune.tuned_profiles(text_repo) == {p: p.read_text() for p in written if p.suffix == ".pbtxt"}
+    config = text_repo / "text_encoder" / "config.pbtxt"
+    config.write_text(config.read_text() + 'parameters { key: "added_later" value { string_value: "1" } }\n')
+    profile = parse_config(tune.tuned_profiles(text_repo)[text_repo / "text_encoder" / "configs" / "fast.pbtxt"])
+    assert profile.parameters["added_later"].string_value == "1"
+    assert profile.max_batch_size == 32
 
 
 def test_interrupted_write_profile_leaves_the_previous_profile_byte_identical(

@@ -166,10 +166,10 @@ def files(kinds: list | None = None) -> dict[Path, str]:
 
 
 def _profiles() -> dict[Path, str]:
-    """The overload profile, derived from the generated configs (so it follows them)."""
-    from tritonkit import repo_variants
+    """The overload profile and the tuned profiles, derived from the generated configs (so they follow them)."""
+    from tritonkit import repo_variants, tune
 
-    return repo_variants.overload_profile()
+    return {**tune.tuned_profiles(), **repo_variants.overload_profile()}
 
 
 def write(kinds: list | None = None) -> list[Path]:

@@ -19,7 +19,8 @@ The winner is written as a named profile: `model_repository/<model>/configs/<pro
 changed, which tritonserver selects with `--model-config-name=<profile>` (`make serve PROFILE=<profile>`, also in
 the NGC container), plus `profiles/<ensemble>.<profile>.json` (knobs, budget, measurements, command). Files are
 written all-or-nothing: an interrupted write puts the previous ones back. The search itself never touches
-`model_repository/`.
+`model_repository/`. `tuned_profiles` regenerates every profile from today's config.pbtxt + the knobs its
+tuner changed (`make generate`), so a profile never freezes the config it was tuned from.
 """
 
 from __future__ import annotations
@@ -271,12 +272,35 @@ def profile_configs(tuner: Tuner, point: Point) -> dict[str, mc.ModelConfig]:
     return {name: cfg for name, cfg in new.items() if to_pbtxt(cfg) != to_pbtxt(tuner.configs[name])}
 
 
+def profile_header(profile: str, record: dict) -> str:
+    return (f"# Profile '{profile}': config.pbtxt with the knobs `{record['command']}` chose (tritonkit.tune); "
+            f"generated, do not edit.\n# Serve it with `make serve PROFILE={profile}` / tritonserver "
+            f"--model-config-name={profile}. Knobs and measurements: profiles/{record['ensemble']}.{profile}.json\n")
+
+
+def tuned_profiles(repository: Path = paths.MODEL_REPOSITORY) -> dict[Path, str]:
+    """configs/<profile>.pbtxt of every committed tune record: today's config.pbtxt with the knobs the tuner changed
+    from where it started, so a profile follows its spec (parameters added or defaults measured after it was tuned)
+    instead of freezing the config it was tuned from."""
+    out: dict[Path, str] = {}
+    for path in sorted(PROFILES.glob("*.json")):
+        record = json.loads(path.read_text())
+        if not all((Path(repository) / m / "config.pbtxt").exists() for m in record["models"]):
+            continue  # a spec whose configs are not generated yet
+        base = {m: repo_variants.read_config(m, repository, committed=False) for m in record["models"]}
+        changed = {m: {k: v for k, v in knobs.items() if record["start"].get(m, {}).get(k) != v}
+                   for m, knobs in record["winner"].items()}
+        for name, cfg in apply(base, record["ensemble"], changed).items():
+            if to_pbtxt(cfg) != to_pbtxt(base[name]):
+                out[Path(repository) / name / "configs" / f"{record['profile']}.pbtxt"] = \
+                    profile_header(record["profile"], record) + to_pbtxt(cfg)
+    return out
+
+
 def write_profile(profile: str, configs: dict[str, mc.ModelConfig], record: dict,
                   repository: Path = paths.MODEL_REPOSITORY) -> list[Path]:
     """configs/<profile>.pbtxt per changed model + profiles/<ensemble>.<profile>.json, all or nothing."""
-    header = (f"# Profile '{profile}' written by `{record['command']}` (tritonkit.tune); serve it with\n"
-              f"# `make serve PROFILE={profile}` / tritonserver --model-config-name={profile}. "
-              f"Knobs and measurements: profiles/{record['ensemble']}.{profile}.json\n")
+    header = profile_header(profile, record)
     targets = {Path(repository) / name / "configs" / f"{profile}.pbtxt": header + to_pbtxt(cfg)
                for name, cfg in configs.items()}
     targets[PROFILES / f"{record['ensemble']}.{profile}.json"] = json.dumps(record, indent=2) + "\n"
