@@ -664,9 +664,9 @@ def keep_float(model, excluded: Iterable[str]) -> list[str]:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     producer = {out: node for node in model.graph.node for out in node.output}
-    guarded = []
+    floats, guarded = set(excluded), []
     for node in list(model.graph.node):
-        if node.name not in set(excluded) or node.op_type not in ("Conv", "ConvTranspose", "Gemm"):
+        if node.name not in floats or node.op_type not in ("Conv", "ConvTranspose", "Gemm"):
             continue
         source = producer.get(node.input[0])
         if source is None or source.op_type != "DequantizeLinear":

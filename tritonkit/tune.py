@@ -266,16 +266,24 @@ def describe(point: Point, start: Point) -> str:
 
 # -- profiles --------------------------------------------------------------------------------------------------
 
+def changed_configs(base: dict[str, mc.ModelConfig], ensemble: str, point: Point) -> dict[str, mc.ModelConfig]:
+    """The configs that differ from `base` at this point (only these get a configs/<profile>.pbtxt)."""
+    new = apply(base, ensemble, point)
+    return {name: cfg for name, cfg in new.items() if to_pbtxt(cfg) != to_pbtxt(base[name])}
+
+
 def profile_configs(tuner: Tuner, point: Point) -> dict[str, mc.ModelConfig]:
-    """The configs that differ from the base ones at this point (only these get a configs/<profile>.pbtxt)."""
-    new = apply(tuner.configs, tuner.ensemble, point)
-    return {name: cfg for name, cfg in new.items() if to_pbtxt(cfg) != to_pbtxt(tuner.configs[name])}
+    return changed_configs(tuner.configs, tuner.ensemble, point)
 
 
-def profile_header(profile: str, record: dict) -> str:
-    return (f"# Profile '{profile}': config.pbtxt with the knobs `{record['command']}` chose (tritonkit.tune); "
-            f"generated, do not edit.\n# Serve it with `make serve PROFILE={profile}` / tritonserver "
-            f"--model-config-name={profile}. Knobs and measurements: profiles/{record['ensemble']}.{profile}.json\n")
+def profile_files(profile: str, configs: dict[str, mc.ModelConfig], record: dict,
+                  repository: Path = paths.MODEL_REPOSITORY) -> dict[Path, str]:
+    """configs/<profile>.pbtxt text per changed model, headed by where its knobs come from."""
+    header = (f"# Profile '{profile}': config.pbtxt with the knobs `{record['command']}` chose (tritonkit.tune); "
+              f"generated, do not edit.\n# Serve it with `make serve PROFILE={profile}` / tritonserver "
+              f"--model-config-name={profile}. Knobs and measurements: profiles/{record['ensemble']}.{profile}.json\n")
+    return {Path(repository) / name / "configs" / f"{profile}.pbtxt": header + to_pbtxt(cfg)
+            for name, cfg in configs.items()}
 
 
 def tuned_profiles(repository: Path = paths.MODEL_REPOSITORY) -> dict[Path, str]:
@@ -288,21 +296,16 @@ def tuned_profiles(repository: Path = paths.MODEL_REPOSITORY) -> dict[Path, str]
         if not all((Path(repository) / m / "config.pbtxt").exists() for m in record["models"]):
             continue  # a spec whose configs are not generated yet
         base = {m: repo_variants.read_config(m, repository, committed=False) for m in record["models"]}
-        changed = {m: {k: v for k, v in knobs.items() if record["start"].get(m, {}).get(k) != v}
-                   for m, knobs in record["winner"].items()}
-        for name, cfg in apply(base, record["ensemble"], changed).items():
-            if to_pbtxt(cfg) != to_pbtxt(base[name]):
-                out[Path(repository) / name / "configs" / f"{record['profile']}.pbtxt"] = \
-                    profile_header(record["profile"], record) + to_pbtxt(cfg)
+        moved = {m: {k: v for k, v in knobs.items() if record["start"].get(m, {}).get(k) != v}
+                 for m, knobs in record["winner"].items()}
+        out |= profile_files(record["profile"], changed_configs(base, record["ensemble"], moved), record, repository)
     return out
 
 
 def write_profile(profile: str, configs: dict[str, mc.ModelConfig], record: dict,
                   repository: Path = paths.MODEL_REPOSITORY) -> list[Path]:
     """configs/<profile>.pbtxt per changed model + profiles/<ensemble>.<profile>.json, all or nothing."""
-    header = profile_header(profile, record)
-    targets = {Path(repository) / name / "configs" / f"{profile}.pbtxt": header + to_pbtxt(cfg)
-               for name, cfg in configs.items()}
+    targets = profile_files(profile, configs, record, repository)
     targets[PROFILES / f"{record['ensemble']}.{profile}.json"] = json.dumps(record, indent=2) + "\n"
     # The previous profile of this ensemble: files of models no longer changed are removed.
     stale = {Path(repository) / m / "configs" / f"{profile}.pbtxt" for m in record["models"]} - set(targets)
