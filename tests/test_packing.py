@@ -32,6 +32,21 @@ def test_pack_lays_texts_end_to_end_with_positions_restarting_and_pooling_weight
     assert packing.pack([np.arange(1, 30)], 10, "mean")["input_ids"].shape == (1, 29)
 
 
+def test_layout_balances_rows_so_the_last_is_not_mostly_padding():
+    # 160 tokens: rows filled to 128 run 2 x 110 slots; balanced rows 2 x 80, no padding at all.
+    assert packing.layout([60, 50, 30, 20], 128, balanced=False)[1] == 110
+    rows, width = packing.layout([60, 50, 30, 20], 128)
+    assert (len(rows), width) == (2, 80)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        lengths = [int(n) for n in rng.integers(1, 150, rng.integers(1, 40))]
+        rows, width = packing.layout(lengths, 128)
+        full_rows, full_width = packing.layout(lengths, 128, balanced=False)
+        assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+        assert width == max(sum(lengths[i] for i in row) for row in rows) <= max(128, max(lengths))
+        assert len(rows) * width <= len(full_rows) * full_width
+
+
 def test_pack_refuses_what_it_cannot_express():
     with pytest.raises(packing.PackingError, match="max"):
         packing.pack([np.arange(3)], 8, "max")

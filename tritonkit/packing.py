@@ -24,7 +24,7 @@ import numpy as np
 
 from tritonkit.errors import PackingError
 
-__all__ = ["POOLINGS", "PackingError", "pack", "pack_graph", "packed_path"]
+__all__ = ["POOLINGS", "PackingError", "layout", "pack", "pack_graph", "packed_path"]
 
 # Pooling modes a weight matrix can express; max pooling is not linear, so such models keep length buckets.
 POOLINGS = ("mean", "mean_sqrt_len", "cls")
@@ -32,6 +32,9 @@ INPUTS = ("input_ids", "position_ids", "segment_ids", "pool")
 # Tokens per packed row: attention costs rows x row_tokens^2, so rows much longer than a dynamic batch's texts
 # buy nothing. perf/bench_ceiling.py measures 64-256 within noise of each other on MiniLM.
 ROW_TOKENS = 128
+# Row counts tried beyond the fewest that can hold a batch: more rows are rarely narrower, and each try costs a
+# first-fit pass in the request path.
+SPARE_ROWS = 2
 # The additive mask value of a masked key: the one transformers uses, so exp() underflows to exactly 0.
 MASKED = float(np.finfo(np.float32).min)
 META_POOLING = "tritonkit.packed_pooling"
@@ -42,20 +45,8 @@ def packed_path(model_path: Path) -> Path:
     return model_path.with_name(f"{model_path.stem}.packed{model_path.suffix}")
 
 
-def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id: int = 0
-         ) -> dict[str, np.ndarray]:
-    """Feeds of a packed graph for `sequences` (each a 1-D array of one text's token ids, no padding).
-
-    First-fit decreasing into rows of max(row_tokens, longest) tokens; the pool matrix's row i weights text i's
-    tokens as its pooling does (mean: 1/len; mean_sqrt_len: 1/sqrt(len); cls: its first token), so the output's
-    row i is text i's embedding, in the order given.
-    """
-    if pooling not in POOLINGS:
-        raise PackingError(f"pooling '{pooling}' cannot be packed (packable: {', '.join(POOLINGS)})")
-    lengths = [len(s) for s in sequences]
-    if not lengths or min(lengths) < 1:
-        raise PackingError("every text needs at least one token")
-    capacity = max(row_tokens, max(lengths))
+def _first_fit(lengths: Sequence[int], capacity: int) -> tuple[list[list[int]], int]:
+    """First-fit decreasing into rows of `capacity` tokens: (text indices per row, the longest row's tokens)."""
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -66,7 +57,49 @@ def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id:
             row = len(rows) - 1
         rows[row].append(i)
         room[row] -= lengths[i]
-    width = max(capacity - free for free in room)
+    return rows, max(capacity - free for free in room)
+
+
+def layout(lengths: Sequence[int], row_tokens: int, balanced: bool = True) -> tuple[list[list[int]], int]:
+    """Rows for texts of `lengths` tokens, at most max(row_tokens, longest) tokens each, with the fewest slots.
+
+    Every row runs at the longest row's width, so filling rows of `row_tokens` leaves the last one mostly padding
+    (160 tokens in rows of 128: 2 x 128 slots). Rows are balanced instead: for each row count that can hold the
+    texts and up to SPARE_ROWS more, first-fit decreasing at capacity ceil(tokens / rows); the layout with the
+    fewest rows x width slots, full rows included, wins (160 tokens: 2 x 80). `balanced=False` fills rows of
+    max(row_tokens, longest); perf/bench_ceiling.py times both at served batch sizes.
+    """
+    limit = max(row_tokens, max(lengths))
+    total, longest = sum(lengths), max(lengths)
+    rows, width = _first_fit(lengths, limit)
+    if not balanced:
+        return rows, width
+    best = (len(rows) * width, rows, width)
+    fewest = -(-total // limit)
+    for count in range(fewest, min(fewest + SPARE_ROWS, len(lengths)) + 1):
+        capacity = max(longest, -(-total // count))
+        rows, width = _first_fit(lengths, capacity)
+        if len(rows) * width < best[0]:
+            best = (len(rows) * width, rows, width)
+        if capacity == longest:  # more rows cannot narrow them further
+            break
+    return best[1], best[2]
+
+
+def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id: int = 0, balanced: bool = True
+         ) -> dict[str, np.ndarray]:
+    """Feeds of a packed graph for `sequences` (each a 1-D array of one text's token ids, no padding).
+
+    Rows as `layout` balances them; the pool matrix's row i weights text i's tokens as its pooling does (mean:
+    1/len; mean_sqrt_len: 1/sqrt(len); cls: its first token), so the output's row i is text i's embedding, in the
+    order given.
+    """
+    if pooling not in POOLINGS:
+        raise PackingError(f"pooling '{pooling}' cannot be packed (packable: {', '.join(POOLINGS)})")
+    lengths = [len(s) for s in sequences]
+    if not lengths or min(lengths) < 1:
+        raise PackingError("every text needs at least one token")
+    rows, width = layout(lengths, row_tokens, balanced)
     ids = np.full((len(rows), width), pad_id, np.int64)
     positions = np.zeros((len(rows), width), np.int64)
     segments = np.full((len(rows), width), -1, np.int64)
