@@ -1,16 +1,24 @@
-"""Where the served text pipeline's CPU goes, and what its serving choices are worth, in one run.
+"""Where a served pipeline's CPU goes, and what its serving choices are worth, in one run.
 
-    python perf/bench_serving.py [--model text_embedding] [--seconds 10] [--repeats 3]
+    python perf/bench_serving.py [--model text_embedding|image_classification] [--seconds 10] [--repeats 3]
 
-Each variant is a scratch model repository holding the spec's ensemble, tokenizer and INT8 encoder (version
-directories linked, configs copied and edited through Triton's own schema), served by a fresh tritonserver and
-driven by the perf lab's HTTP load generator (tritonkit.peers.http_point: 16 callers, one real benchmark text
-per request). While it runs, the CPU time of every process (tritonserver, each Python stub, the load generator)
-is read from /proc (tritonkit.load, as the soak does). Variants are interleaved; the median of the repeats is printed.
+Each variant is a scratch model repository holding the spec's ensemble, its preprocessor and its INT8 model
+(version directories linked, configs copied and edited through Triton's own schema), served by a fresh
+tritonserver and driven closed-loop by 16 callers: texts by the perf lab's HTTP load generator
+(tritonkit.peers.http_point, one real benchmark text per request), images by tritonkit.load's gRPC generator (one
+of the lab's JPEG photos per request). While it runs, the CPU time of every process (tritonserver, each Python
+stub, the load generator) is read from /proc (tritonkit.load, as the soak does). Variants are interleaved; the
+median of the repeats is printed.
 
+Text variants (the encoder's config):
   generated    the configs as `python -m tritonkit.generate` writes them
   buckets      the encoder without its packed graph: padded length buckets (ragged_max_padding)
   delay_2000   the encoder's dynamic batcher waiting up to 2000 us for more requests (the earlier default)
+  fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
+Image variants (the classifier's config):
+  generated    as generated
+  instances_2x1  two classifier instances of one ORT thread each, instead of the spec's instances x threads
+  no_wait      the classifier's dynamic batcher without a queue delay
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import data, kinds, load, paths, peers
+from tritonkit import data, kinds, lab, load, paths, peers
 from tritonkit.server import TritonServer
 
 
@@ -38,17 +46,29 @@ def _edit_delay(cfg: mc.ModelConfig) -> None:
     cfg.dynamic_batching.max_queue_delay_microseconds = 2000
 
 
-VARIANTS = {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay}
+def _edit_two_single_threaded(cfg: mc.ModelConfig) -> None:
+    cfg.instance_group[0].count = 2
+    cfg.parameters["intra_op_thread_count"].string_value = "1"
 
 
-def models(kind) -> list[str]:
-    """The ensemble and its two steps."""
-    return [kind.spec.name, kind.PREPROCESSOR, kind.INT8_MODEL]
+def _edit_no_wait(cfg: mc.ModelConfig) -> None:
+    cfg.dynamic_batching.max_queue_delay_microseconds = 0
 
 
-def scratch_repository(kind, root: Path, edit) -> Path:
+FUSED = "fused"  # not an edit: the same generator on the spec's one-stub model
+VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay, FUSED: None},
+            "images": {"generated": None, "instances_2x1": _edit_two_single_threaded, "no_wait": _edit_no_wait}}
+
+
+def models(kind, fused: bool = False) -> list[str]:
+    """The ensemble and its two steps, or the fused model (which reads the INT8 encoder's files)."""
+    return [f"{kind.spec.name}_fused", kind.INT8_MODEL] if fused else [kind.spec.name, kind.PREPROCESSOR,
+                                                                        kind.INT8_MODEL]
+
+
+def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
     """The ensemble's models, their files linked, the encoder's config edited by `edit`."""
-    for model in models(kind):
+    for model in models(kind, fused):
         src, dst = paths.MODEL_REPOSITORY / model, root / model
         dst.mkdir(parents=True)
         for entry in src.iterdir():
@@ -61,12 +81,31 @@ def scratch_repository(kind, root: Path, edit) -> Path:
     return root
 
 
-def measure(kind, edit, texts: list[str], seconds: float) -> dict[str, float]:
+def _driver(kind, unit: str, server, items: list, model: str):
+    """(seconds -> (items/s, p50 ms, p99 ms)): 16 closed-loop callers on `model`."""
+    if unit == "texts":
+        target = peers.triton_http(server.http_url, model)
+
+        def drive(seconds: float) -> tuple[float, float, float]:
+            point = peers.http_point(target, items, 16, seconds)
+            return point.throughput, point.p50_ms, point.p99_ms
+    else:
+        workload = load.image_workload(items, model)
+
+        def drive(seconds: float) -> tuple[float, float, float]:
+            run = load.capacity(server.grpc_url, workload, 16, seconds, warmup_s=0.0)
+            if run["ok"] != run["requests"]:
+                raise RuntimeError(f"{run['requests'] - run['ok']} failed requests: {run['messages']}")
+            return run["ok_per_s"], run["ok_p50_ms"], run["ok_p99_ms"]
+    return drive
+
+
+def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, \
-            TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit),
-                                       models=models(kind)) as server:
-        target = peers.triton_http(server.http_url, kind.spec.name)
-        peers.http_point(target, texts, 16, 2.0)  # warm-up
+            TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused),
+                                       models=models(kind, fused)) as server:
+        drive = _driver(kind, unit, server, items, models(kind, fused)[0])
+        drive(2.0)  # warm-up
 
         def snapshot() -> dict[str, float]:
             """CPU seconds so far per process of the server's group, stubs summed per model."""
@@ -77,9 +116,9 @@ def measure(kind, edit, texts: list[str], seconds: float) -> dict[str, float]:
             return cpu
 
         before, mine, wall = snapshot(), os.times(), os.times().elapsed
-        point = peers.http_point(target, texts, 16, seconds)
+        rate, p50, p99 = drive(seconds)
         after, mine_after, wall = snapshot(), os.times(), os.times().elapsed - wall
-    out = {"texts/s": point.throughput, "p50 ms": point.p50_ms, "p99 ms": point.p99_ms}
+    out = {f"{unit}/s": rate, "p50 ms": p50, "p99 ms": p99}
     for role in sorted(after):
         out[f"cores: {role}"] = (after[role] - before.get(role, 0.0)) / wall
     out["cores: load generator"] = (mine_after.user + mine_after.system - mine.user - mine.system) / wall
@@ -92,13 +131,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    kind, texts = kinds.get(args.model), data.split("benchmark")
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    kind, unit = kinds.get(args.model), lab.pipeline(args.model).unit
+    items = data.split("benchmark") if unit == "texts" else lab.jpegs()
+    variants = VARIANTS[unit]
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(args.repeats):
-        for name, edit in VARIANTS.items():
-            runs[name].append(measure(kind, edit, texts, args.seconds))
+        for name, edit in variants.items():
+            runs[name].append(measure(kind, unit, edit, items, args.seconds, fused=name == FUSED))
     keys = list(dict.fromkeys(k for rs in runs.values() for r in rs for k in r))
-    print(f"{args.model} served over HTTP, 16 callers, median of {args.repeats} interleaved repeats of "
+    print(f"{args.model} served, 16 callers, median of {args.repeats} interleaved repeats of "
           f"{args.seconds:g} s, {os.cpu_count()} cores")
     print("| " + " | ".join(["variant", *keys]) + " |\n|---|" + "---:|" * len(keys))
     for name, rs in runs.items():

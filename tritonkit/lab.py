@@ -100,7 +100,7 @@ def _token_rows(name: str = "text_embedding") -> list[dict]:
     return rows
 
 
-def _jpegs() -> list[bytes]:
+def jpegs() -> list[bytes]:
     from tritonkit import imaging
     from tritonkit.models import efficientnet_lite0 as spec
 
@@ -108,7 +108,7 @@ def _jpegs() -> list[bytes]:
 
 
 def _image_rows() -> list[dict]:
-    return _b64_bytes_rows("IMAGE", _jpegs())
+    return _b64_bytes_rows("IMAGE", jpegs())
 
 
 def _pixel_rows(name: str = "image_classification") -> list[dict]:
@@ -117,7 +117,7 @@ def _pixel_rows(name: str = "image_classification") -> list[dict]:
     kind = kinds.get(name)
     size = kind.spec.facts.input_size
     return [{kind.INPUT: {"b64": base64.b64encode(imaging.preprocess_one(b, kind.PREPROCESS).astype("<f4").tobytes())
-                          .decode(), "shape": [3, size, size]}} for b in _jpegs()]
+                          .decode(), "shape": [3, size, size]}} for b in jpegs()]
 
 
 def mean_tokens(name: str) -> float:
@@ -169,11 +169,11 @@ def _image_contenders(name: str, settings: Settings, server, stack: contextlib.E
                       progress: Callable[[str], None] = print) -> tuple[list[Contender], list[dict]]:
     from tritonkit import baselines
 
-    jpegs, s = _jpegs(), settings.baseline_seconds
+    photos, s = jpegs(), settings.baseline_seconds
     return [
-        Contender("onnx_int8", lambda: baselines.onnx_image(jpegs, s, name, "int8")),
-        Contender("onnx_fp32", lambda: baselines.onnx_image(jpegs, s, name, "fp32")),
-        Contender("naive", lambda: baselines.image(jpegs, s, model=name)),
+        Contender("onnx_int8", lambda: baselines.onnx_image(photos, s, name, "int8")),
+        Contender("onnx_fp32", lambda: baselines.onnx_image(photos, s, name, "fp32")),
+        Contender("naive", lambda: baselines.image(photos, s, model=name)),
     ], []
 
 
@@ -551,8 +551,8 @@ def gate_ratios(name: str, repeats: int = 2, measurement_ms: int = 2000, seconds
         texts = data.split("benchmark")
         ceiling = lambda: baselines.onnx_text(texts, seconds, kind.NAME, "int8")  # noqa: E731
     else:
-        jpegs = _jpegs()
-        ceiling = lambda: baselines.onnx_image(jpegs, seconds, kind.NAME, "int8")  # noqa: E731
+        photos = jpegs()
+        ceiling = lambda: baselines.onnx_image(photos, seconds, kind.NAME, "int8")  # noqa: E731
     ensemble = pipe.workloads[0]
     served, base = [], []
     kwargs = {"model_repository": repository} if repository else {}
