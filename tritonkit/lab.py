@@ -461,16 +461,17 @@ def plot(pipe: Pipeline, result: dict, path: Path) -> Path:
         axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.set_major_formatter(ScalarFormatter())
         axis.set_minor_formatter(NullFormatter())
-    for ax in (whole, steps):
-        if ax.lines or ax.collections:
-            ax.legend(fontsize=6)
+    if whole.lines or whole.collections:  # below the axes: inside, it hid the highest markers
+        whole.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.16))
+    if steps.lines:
+        steps.legend(fontsize=6)
     whole.set_ylim(bottom=0)
     right.set(xlabel="offered requests/s", ylabel="p99 latency (ms)", title=f"{pipe.name}: p99 vs offered load")
     right.grid(True, alpha=0.3)
     if right.lines:
         right.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # "tight": the left legend sits below its axes
     plt.close(fig)
     return path
 
