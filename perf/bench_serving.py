@@ -1,6 +1,7 @@
 """Where a served pipeline's CPU goes, and what its serving choices are worth, in one run.
 
     python perf/bench_serving.py [--model text_embedding|image_classification] [--seconds 10] [--repeats 3]
+                                 [--variants generated buckets ...]
 
 Each variant is a scratch model repository holding the spec's ensemble, its preprocessor and its INT8 model
 (version directories linked, configs copied and edited through Triton's own schema), served by a fresh
@@ -15,6 +16,7 @@ Text variants (the encoder's config):
   buckets      the encoder without its packed graph: padded length buckets (ragged_max_padding)
   delay_2000   the encoder's dynamic batcher waiting up to 2000 us for more requests (the earlier default)
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
+  instances_1x2  one encoder instance of two ORT threads (bigger batches, one copy of the weights read per run)
 Image variants (the classifier's config):
   generated    as generated
   instances_2x1  two classifier instances of one ORT thread each, instead of the spec's instances x threads
@@ -46,9 +48,11 @@ def _edit_delay(cfg: mc.ModelConfig) -> None:
     cfg.dynamic_batching.max_queue_delay_microseconds = 2000
 
 
-def _edit_two_single_threaded(cfg: mc.ModelConfig) -> None:
-    cfg.instance_group[0].count = 2
-    cfg.parameters["intra_op_thread_count"].string_value = "1"
+def _edit_instances(count: int, threads: int):
+    def edit(cfg: mc.ModelConfig) -> None:
+        cfg.instance_group[0].count = count
+        cfg.parameters["intra_op_thread_count"].string_value = str(threads)
+    return edit
 
 
 def _edit_no_wait(cfg: mc.ModelConfig) -> None:
@@ -56,8 +60,9 @@ def _edit_no_wait(cfg: mc.ModelConfig) -> None:
 
 
 FUSED = "fused"  # not an edit: the same generator on the spec's one-stub model
-VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay, FUSED: None},
-            "images": {"generated": None, "instances_2x1": _edit_two_single_threaded, "no_wait": _edit_no_wait}}
+VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay, FUSED: None,
+                      "instances_1x2": _edit_instances(1, 2)},
+            "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_no_wait}}
 
 
 def models(kind, fused: bool = False) -> list[str]:
@@ -130,10 +135,12 @@ def main() -> None:
     parser.add_argument("--model", default="text_embedding")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", help="a subset of the variants named in the docstring")
     args = parser.parse_args()
     kind, unit = kinds.get(args.model), lab.pipeline(args.model).unit
     items = data.split("benchmark") if unit == "texts" else lab.jpegs()
-    variants = VARIANTS[unit]
+    variants = {n: e for n, e in VARIANTS[unit].items() if (n in args.variants if args.variants else True)
+                and (n != FUSED or kind.spec.serving.fused)}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for name, edit in variants.items():
