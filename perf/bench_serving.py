@@ -16,6 +16,7 @@ Text variants (the encoder's config):
   buckets      the encoder without its packed graph: padded length buckets (ragged_max_padding)
   delay_2000   the encoder's dynamic batcher waiting up to 2000 us for more requests (the earlier default)
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
+  fused_delay_500, fused_delay_1000  the fused model's dynamic batcher waiting up to 500 / 1000 us
   instances_1x2  one encoder instance of two ORT threads (bigger batches, one copy of the weights read per run)
 Image variants (the classifier's config):
   generated    as generated
@@ -44,8 +45,10 @@ def _edit_buckets(cfg: mc.ModelConfig) -> None:
     del cfg.parameters["packed_model"]
 
 
-def _edit_delay(cfg: mc.ModelConfig) -> None:
-    cfg.dynamic_batching.max_queue_delay_microseconds = 2000
+def _edit_delay(microseconds: int):
+    def edit(cfg: mc.ModelConfig) -> None:
+        cfg.dynamic_batching.max_queue_delay_microseconds = microseconds
+    return edit
 
 
 def _edit_instances(count: int, threads: int):
@@ -59,9 +62,10 @@ def _edit_no_wait(cfg: mc.ModelConfig) -> None:
     cfg.dynamic_batching.max_queue_delay_microseconds = 0
 
 
-FUSED = "fused"  # not an edit: the same generator on the spec's one-stub model
-VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay, FUSED: None,
-                      "instances_1x2": _edit_instances(1, 2)},
+FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
+VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay(2000), FUSED: None,
+                      "instances_1x2": _edit_instances(1, 2), "fused_delay_500": _edit_delay(500),
+                      "fused_delay_1000": _edit_delay(1000)},
             "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_no_wait}}
 
 
@@ -72,7 +76,9 @@ def models(kind, fused: bool = False) -> list[str]:
 
 
 def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
-    """The ensemble's models, their files linked, the encoder's config edited by `edit`."""
+    """The ensemble's models (or the fused model), their files linked, the encoder's (or the fused model's) config
+    edited by `edit`."""
+    edited = models(kind, fused)[0] if fused else kind.INT8_MODEL
     for model in models(kind, fused):
         src, dst = paths.MODEL_REPOSITORY / model, root / model
         dst.mkdir(parents=True)
@@ -80,7 +86,7 @@ def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
             if entry.name != "config.pbtxt":
                 (dst / entry.name).symlink_to(entry.resolve())
         cfg = text_format.Parse((src / "config.pbtxt").read_text(), mc.ModelConfig())
-        if model == kind.INT8_MODEL and edit is not None:
+        if model == edited and edit is not None:
             edit(cfg)
         (dst / "config.pbtxt").write_text(text_format.MessageToString(cfg))
     return root
@@ -140,11 +146,11 @@ def main() -> None:
     kind, unit = kinds.get(args.model), lab.pipeline(args.model).unit
     items = data.split("benchmark") if unit == "texts" else lab.jpegs()
     variants = {n: e for n, e in VARIANTS[unit].items() if (n in args.variants if args.variants else True)
-                and (n != FUSED or kind.spec.serving.fused)}
+                and (not n.startswith(FUSED) or kind.spec.serving.fused)}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for name, edit in variants.items():
-            runs[name].append(measure(kind, unit, edit, items, args.seconds, fused=name == FUSED))
+            runs[name].append(measure(kind, unit, edit, items, args.seconds, fused=name.startswith(FUSED)))
     keys = list(dict.fromkeys(k for rs in runs.values() for r in rs for k in r))
     print(f"{args.model} served, 16 callers, median of {args.repeats} interleaved repeats of "
           f"{args.seconds:g} s, {os.cpu_count()} cores")

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from text_support import ensure_text_built
 from tritonclient.utils import InferenceServerException
 
-from tritonkit import data, paths, textproc
+from tritonkit import data, kinds, paths, textproc
 from tritonkit.config import load_config
 
 FUSED, ENSEMBLE = "text_embedding_fused", "text_embedding"
@@ -192,6 +192,11 @@ def test_fused_config_tokenizes_like_the_tokenizer():
         [(t.name, t.data_type, list(t.dims)) for t in ensemble.output]
     encoder = paths.MODEL_REPOSITORY / FUSED / fused.parameters["onnx_model"].string_value
     assert encoder.resolve() == (paths.MODEL_REPOSITORY / "text_encoder" / "1" / "model.onnx").resolve()
+    # Its own batching wait, not the encoder's: the spec sets them apart (docs/performance.md).
+    serving = kinds.get(ENSEMBLE).spec.serving
+    assert fused.dynamic_batching.max_queue_delay_microseconds == serving.fused_queue_delay_us
+    encoder_config = load_config(paths.MODEL_REPOSITORY / "text_encoder" / "config.pbtxt")
+    assert encoder_config.dynamic_batching.max_queue_delay_microseconds == serving.queue_delay_us
 
 
 def test_tokenizer_errors_name_the_element():

@@ -105,7 +105,7 @@ def text_repository(kind) -> list[Entry]:
         entries.append(Entry(ModelSpec(
             name=f"{spec.name}_fused", backend="python", max_batch_size=s.max_batch_size, inputs=text_in,
             outputs=[embedding, *extras], instance_count=s.model_instances,
-            dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.queue_delay_us),
+            dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.fused_queue_delay_us),
             parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx",
                         "intra_op_thread_count": str(s.model_threads),
                         **tokenizer_params, "ragged_max_padding": str(s.ragged_max_padding)},

@@ -129,6 +129,7 @@ class Serving:
     # Text: length buckets of at most this padding share per session.run (tritonkit.batching).
     ragged_max_padding: float = 0.25
     fused: bool = False  # text: also serve <name>_fused (tokenizer + INT8 encoder in one Python model)
+    fused_queue_delay_us: int = 0  # the fused model's batching wait
 
 
 @dataclass
