@@ -58,15 +58,11 @@ def _edit_instances(count: int, threads: int):
     return edit
 
 
-def _edit_no_wait(cfg: mc.ModelConfig) -> None:
-    cfg.dynamic_batching.max_queue_delay_microseconds = 0
-
-
 FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
 VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay(2000), FUSED: None,
                       "instances_1x2": _edit_instances(1, 2), "fused_delay_500": _edit_delay(500),
                       "fused_delay_1000": _edit_delay(1000)},
-            "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_no_wait}}
+            "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_delay(0)}}
 
 
 def models(kind, fused: bool = False) -> list[str]:
@@ -92,7 +88,7 @@ def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
     return root
 
 
-def _driver(kind, unit: str, server, items: list, model: str):
+def _driver(unit: str, server, items: list, model: str):
     """(seconds -> (items/s, p50 ms, p99 ms)): 16 closed-loop callers on `model`."""
     if unit == "texts":
         target = peers.triton_http(server.http_url, model)
@@ -115,7 +111,7 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
     with tempfile.TemporaryDirectory() as tmp, \
             TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused),
                                        models=models(kind, fused)) as server:
-        drive = _driver(kind, unit, server, items, models(kind, fused)[0])
+        drive = _driver(unit, server, items, models(kind, fused)[0])
         drive(2.0)  # warm-up
 
         def snapshot() -> dict[str, float]:
