@@ -45,11 +45,12 @@ def packed_path(model_path: Path) -> Path:
     return model_path.with_name(f"{model_path.stem}.packed{model_path.suffix}")
 
 
-def _first_fit(lengths: Sequence[int], capacity: int) -> tuple[list[list[int]], int]:
-    """First-fit decreasing into rows of `capacity` tokens: (text indices per row, the longest row's tokens)."""
+def _first_fit(lengths: Sequence[int], longest_first: Sequence[int], capacity: int) -> tuple[list[list[int]], int]:
+    """First-fit decreasing (texts taken in `longest_first` order) into rows of `capacity` tokens: (text indices
+    per row, the longest row's tokens)."""
     rows: list[list[int]] = []
     room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    for i in longest_first:
         row = next((r for r, free in enumerate(room) if free >= lengths[i]), None)
         if row is None:
             rows.append([])
@@ -69,16 +70,17 @@ def layout(lengths: Sequence[int], row_tokens: int, balanced: bool = True) -> tu
     fewest rows x width slots, full rows included, wins (160 tokens: 2 x 80). `balanced=False` fills rows of
     max(row_tokens, longest); perf/bench_ceiling.py times both at served batch sizes.
     """
-    limit = max(row_tokens, max(lengths))
     total, longest = sum(lengths), max(lengths)
-    rows, width = _first_fit(lengths, limit)
+    limit = max(row_tokens, longest)
+    longest_first = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # one sort for every capacity tried
+    rows, width = _first_fit(lengths, longest_first, limit)
     if not balanced:
         return rows, width
     best = (len(rows) * width, rows, width)
     fewest = -(-total // limit)
     for count in range(fewest, min(fewest + SPARE_ROWS, len(lengths)) + 1):
         capacity = max(longest, -(-total // count))
-        rows, width = _first_fit(lengths, capacity)
+        rows, width = _first_fit(lengths, longest_first, capacity)
         if len(rows) * width < best[0]:
             best = (len(rows) * width, rows, width)
         if capacity == longest:  # more rows cannot narrow them further
