@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +221,132 @@ def test_scoring_and_units():
     assert grouped["/m/_fc/Gemm"] == ["/m/_fc/Gemm"]
     assert grouped["role:m/_blocks.*/conv1/Conv"] == [f"/m/_blocks.{i}/conv1/Conv" for i in range(3)]
     assert len(grouped) == 3 + 1 + 2  # blocks, the unindexed head, roles across blocks
+
+
+@pytest.mark.parametrize("form,placement", [("uint8", "all"), ("int8", "inputs")])
+def test_requantizing_a_prepared_graph_reuses_its_scales_and_builds_the_same_graph(tiny, tmp_path, form, placement):
+    from tritonkit import quantize
+
+    path, sensitive = tiny
+    spec = TinySpec()
+    recipe = search.Recipe(form=form, placement=placement).to_quant(spec.WEIGHT_OPS)
+    prepared = quantize.prepare(path, recipe, spec.calibration_batches, tmp_path, spec.calibration_batch_count())
+    ranges = quantize.calibrate(prepared, recipe, spec.calibration_batches, tmp_path, progress=False)
+    for excluded in ([], [sensitive], []):
+        cached = quantize.quantize_prepared(prepared, ranges, recipe, excluded)
+        fresh = quantize.quantize_prepared(replace(prepared), ranges, recipe, excluded)  # an empty cache
+        assert cached.SerializeToString() == fresh.SerializeToString(), excluded
+    (params,) = prepared.initializer_params.values()
+    assert len(params) >= 3, "the three Gemm weights' scales were not kept"
+
+
+def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stays_float(tmp_path):
+    """The search prepares (merges Q/K/V, smooths) with no node excluded and keeps its float nodes out of
+    quantization only, so a float node can be a merged MatMul that the FP32 graph does not have."""
+    import onnxruntime as ort
+    import torch
+
+    from tritonkit.quantize import quantize
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+            self.o = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            a = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
+            return self.o(a @ self.v(x))
+
+    torch.manual_seed(0)
+    path = tmp_path / "attn.onnx"
+    torch.onnx.export(Attention().eval(), (torch.zeros(2, 5, 16),), str(path), input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "b", 1: "s"}, "y": {0: "b", 1: "s"}},
+                      opset_version=17, dynamo=False)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((64, 5, 16)).astype(np.float32)
+
+    class Spec(TinySpec):
+        WEIGHT_OPS = ("MatMul",)
+
+        def calibration_batches(self):
+            return iter([{"x": data[i : i + 8]} for i in range(0, 64, 8)])
+
+        def calibration_batch_count(self):
+            return 8
+
+    spec = Spec()
+    s = search.Search(spec, path, ["uint8"], check_speed=False, progress=False, log=lambda _m: None)
+    start = search.Recipe(form="uint8", placement="inputs", smooth_alpha=0.5)
+    merged = [n for n in search.quantizable_nodes(s._prepare(start).path, spec.WEIGHT_OPS) if "_merged3" in n]
+    assert len(merged) == 1, "Q/K/V were not merged"
+    recipe = replace(start, float_nodes=merged)
+    measured = s.build(recipe)
+    replayed = quantize(path, tmp_path / "q.onnx", recipe.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
+                        spec.calibration_batch_count(), progress=False)
+    x = {"x": data[:8]}
+    run = [ort.InferenceSession(m.SerializeToString() if hasattr(m, "SerializeToString") else str(m),
+                                providers=["CPUExecutionProvider"]).run(None, x)[0] for m in (measured, replayed)]
+    np.testing.assert_array_equal(run[0], run[1])
+
+
+class _CountedSearch(search.Search):
+    """The fallback's prefix search on its own: a candidate passes once its first `need` units are float (the
+    metric the real search measures is replaced by that rule, so the number of candidates tried is exact)."""
+
+    def __init__(self, need: int, passes_whole: bool = True, reject_from: int | None = None):
+        super().__init__(TinySpec(), Path("unused.onnx"), ["int8"], check_speed=False, progress=False,
+                         log=lambda _m: None)
+        self.need, self.passes_whole, self.reject_from, self.tried = need, passes_whole, reject_from, []
+        self._sample = self.ws.val = object()  # the two evaluators are only told apart, never run here
+
+    def measure(self, stage, change, r, speed=False, evaluator=None):
+        n = len(r.float_nodes)
+        self.tried.append((stage, n))
+        if self.reject_from is not None and n >= self.reject_from:
+            return None  # as the quantizer rejects a graph with nothing left in INT8
+        whole = evaluator is None
+        passed = n >= self.need + (0 if self.passes_whole or not whole else 2)
+        step = search.Step(stage, change, r.describe(), {}, float(max(self.need - n, 0)), passed)
+        self.steps.append(step)
+        return step
+
+
+def _units(n: int):
+    return [(f"u{i}", [f"n{i}"], 1.0 / (i + 1)) for i in range(n)]
+
+
+@pytest.mark.parametrize("need", [1, 2, 5, 13, 40])
+def test_fallback_finds_the_shortest_passing_prefix_in_log_steps(need):
+    s = _CountedSearch(need)
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(40))
+    assert r is not None and r.float_nodes == [f"n{i}" for i in range(need)]
+    sample = [n for stage, n in s.tried if stage == "fallback"]
+    assert len(sample) <= 2 * math.ceil(math.log2(need)) + 2, sample  # gallop + bisect, not one unit at a time
+    assert s.tried[-1] == ("confirm", need)
+
+
+def test_fallback_adds_units_on_the_whole_split_when_the_sample_was_lucky():
+    s = _CountedSearch(6, passes_whole=False)
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20))
+    assert r is not None and len(r.float_nodes) == 8
+    assert s.tried[-3:] == [("confirm", 6), ("fallback", 7), ("fallback", 8)]
+
+
+def test_fallback_steps_back_from_a_prefix_the_quantizer_rejects():
+    s = _CountedSearch(34, reject_from=36)  # 36 units: all of them float, nothing left to quantize
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(36))
+    assert r is not None and len(r.float_nodes) == 34
+    assert ("fallback", 36) in s.tried and ("fallback", 35) in s.tried
+
+
+def test_fallback_under_a_passing_candidate_tries_its_longest_prefix_first():
+    s = _CountedSearch(9)
+    assert s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9) is None
+    assert s.tried == [("fallback", 0), ("fallback", 8)]  # one look under the cap, nothing shorter
+    s = _CountedSearch(5)
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9)
+    assert r is not None and len(r.float_nodes) == 5
 
 
 def test_docs_keep_the_last_documented_search_of_a_replayed_model():

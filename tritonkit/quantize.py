@@ -12,13 +12,14 @@ JSON and prints a table.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ class QuantRecipe:
     calibrate_method: str = "minmax"
     # Op types to quantize; None = onnxruntime's default set for QDQ.
     op_types: list[str] | None = None
-    # Nodes left in float: exact names, and regexes matched against node names of the preprocessed graph.
+    # Nodes left in float: exact names, and regexes, of the prepared graph (preprocessed, parallel MatMuls merged:
+    # a search's float nodes are named there). The graph transforms still see them; only quantization skips them.
     nodes_to_exclude: list[str] = field(default_factory=list)
     exclude_patterns: list[str] = field(default_factory=list)
     per_channel: bool = True
@@ -445,6 +447,8 @@ class Prepared:
     base: Path | None = None  # the graph before input isolation (same tensors, fewer copies): what is calibrated
     copies: dict[str, str] = field(default_factory=dict)  # isolated input copy -> the tensor it copies
     _inferred: Any = field(default=None, init=False, repr=False, compare=False)
+    # Per quantizer configuration: initializer -> scale/zero point, shared by the candidates (quantize_prepared).
+    initializer_params: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def inferred_copy(self):
         """A fresh copy of the shape-inferred graph the quantizer edits; inferred once (seconds on an encoder)."""
@@ -540,7 +544,8 @@ def calibrate(
         providers=["CPUExecutionProvider"],
         extra_options=options,
     )
-    _without_arena(calibrator)
+    if Path(graph_path).stat().st_size > ARENA_MAX_BYTES:
+        _without_arena(calibrator)
     if recipe.calibrate_method == "minmax":
         calibrator.collect_data(reader)
     else:
@@ -565,6 +570,11 @@ def with_isolated_copies(ranges, prepared: Prepared):
     if not copies:
         return ranges
     return TensorsData(ranges.calibration_method, {**ranges.data, **copies})
+
+
+# Graphs up to this size calibrate with onnxruntime's CPU arena (about twice as fast, the same ranges); a larger
+# encoder's unoptimised graph would hold gigabytes per batch shape in it.
+ARENA_MAX_BYTES = 256 * 2**20
 
 
 def _without_arena(calibrator) -> None:
@@ -626,7 +636,9 @@ def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded:
     extra = {"DedicatedQDQPair": True, **recipe.extra_options, **fixed}
     if not recipe.quantize_outputs and recipe.op_types:
         extra.setdefault("OpTypesToExcludeOutputQuantization", list(recipe.op_types))
-    quantizer = QDQQuantizer(
+    # Candidates of one prepared graph share its weights: their scales and zero points are computed once.
+    key = (recipe.activation_type, recipe.per_channel, json.dumps(extra, sort_keys=True, default=str))
+    quantizer = _cached_quantizer(QDQQuantizer, prepared.initializer_params.setdefault(key, {}), set(restore))(
         model,
         recipe.per_channel,
         False,
@@ -647,6 +659,30 @@ def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded:
     if check:
         onnx.checker.check_model(out)
     return out
+
+
+def _cached_quantizer(base, cache: dict, fresh: set[str]):
+    """`base` (onnxruntime's QDQQuantizer) reusing initializers' scales and zero points from `cache`, filling it:
+    onnxruntime computes per-channel ones in a Python loop over channels, most of a candidate's quantization time.
+    `fresh` initializers (weights restored for float nodes) are computed anew and not cached."""
+
+    class CachedQuantizer(base):
+        def _calc_initializer_quant_params(self):
+            def key(name):
+                info = self.tensors_to_quantize[name]
+                return name, info.tensor_type, info.axis
+
+            todo = {n: i for n, i in self.tensors_to_quantize.items() if n in fresh or key(n) not in cache}
+            every = self.tensors_to_quantize
+            self.tensors_to_quantize = todo
+            try:
+                computed = super()._calc_initializer_quant_params()
+            finally:
+                self.tensors_to_quantize = every
+            cache.update({key(n): p for n, p in computed.items() if n not in fresh})
+            return {**{n: cache[key(n)] for n in every if n not in todo and key(n) in cache}, **computed}
+
+    return CachedQuantizer
 
 
 def keep_float(model, excluded: Iterable[str]) -> list[str]:
@@ -695,9 +731,12 @@ def quantize(
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Prepared as a search prepares it: the transforms see every node, and the float nodes (named as in that
+    # graph, e.g. a merged Q/K/V MatMul) only stay out of quantization, so a replay builds what was measured.
+    whole = replace(recipe, nodes_to_exclude=[], exclude_patterns=[])
     with tempfile.TemporaryDirectory(prefix="tritonkit-quant-") as tmp:
-        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches)
-        ranges = calibrate(prepared, recipe, batches, Path(tmp), total_batches, progress)
+        prepared = prepare(model_path, whole, batches, Path(tmp), total_batches)
+        ranges = calibrate(prepared, whole, batches, Path(tmp), total_batches, progress)
         onnx.save(quantize_prepared(prepared, ranges, recipe), str(out_path))
     return out_path
 

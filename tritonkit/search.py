@@ -9,8 +9,8 @@ For one activation form (the CPU-served one, or TensorRT's symmetric INT8) the s
    need equal-shape feeds);
 2. ranks every quantizable unit (a node with a constant weight, or a block of them when a graph has many) by its
    sensitivity: how much the validation metrics recover when that unit alone stays float;
-3. puts the most sensitive units back in float, one at a time and cumulatively, until every gate holds on the
-   validation split (with a margin), and stops there: the fewest float units is the fastest candidate;
+3. puts the most sensitive units back in float, cumulatively, until every gate holds on the validation split (with
+   a margin): the shortest such prefix of the ranking, found by galloping then bisecting, is the fastest candidate;
 4. measures INT8 against FP32 at the served batch sizes and keeps the fastest track that passes; then confirms the
    winner once on the *test* split, which played no part in any choice.
 Calibration is done once per prepared graph and method; each candidate only re-quantizes with the same ranges
@@ -34,7 +34,7 @@ import numpy as np
 from tritonkit.errors import SearchError
 from tritonkit.quantize import QuantRecipe, Target
 
-PATIENCE = 6  # fallback steps without improvement before a knob variant is given up
+PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
 
 Feeds = dict[str, np.ndarray]
 
@@ -189,25 +189,33 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
 class Evaluator:
     """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""
 
-    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1, extra: Sequence[int] = ()):
+    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1,
+                 extra_rows: dict[int, list[int]] | None = None):
         self.spec, self.split = spec, split
         batches = spec.eval_batches(split)
-        # Every stride-th batch (plus `extra` ones): a cheaper sample for ranking many candidates; gates always
-        # use the whole split.
-        self.batches = [batches[i] for i in sorted(set(range(0, len(batches), stride)) | set(extra))]
+        # Every stride-th batch: a cheaper sample for ranking many candidates; gates always use the whole split.
+        self.batches = [batches[i] for i in range(0, len(batches), stride)]
+        # Plus, from the other batches, only the rows `extra_rows` names ({batch: rows}): the outliers that decide
+        # worst-case gates ride along at the cost of those rows, not of their whole batches.
+        for i, rows in sorted((extra_rows or {}).items()):
+            if i % stride:
+                self.batches.append({k: v[rows] for k, v in batches[i].items()})
         self.ref = run_batches(session(fp32), self.batches)
 
     def metrics(self, model) -> dict[str, float]:
         return self.spec.gate_metrics(self.ref, run_batches(session(model), self.batches))
 
-    def worst_batches(self, model, share: float = 0.01) -> list[int]:
-        """Indices of the batches holding the `share` of rows `model` gets most wrong (relative L2 error), so a
+    def worst_rows(self, model, share: float = 0.01) -> dict[int, list[int]]:
+        """{batch index: row indices} of the `share` of rows `model` gets most wrong (relative L2 error), so a
         sample can carry the outliers that decide worst-case gates."""
         got = run_batches(session(model), self.batches)
         err = np.linalg.norm(got - self.ref, axis=1) / np.maximum(np.linalg.norm(self.ref, axis=1), 1e-12)
         bounds = np.cumsum([len(next(iter(b.values()))) for b in self.batches])
-        worst = np.argsort(-err)[: max(1, int(len(err) * share))]
-        return sorted({int(np.searchsorted(bounds, row, side="right")) for row in worst})
+        out: dict[int, list[int]] = {}
+        for row in sorted(int(r) for r in np.argsort(-err)[: max(1, int(len(err) * share))]):
+            batch = int(np.searchsorted(bounds, row, side="right"))
+            out.setdefault(batch, []).append(row - (int(bounds[batch - 1]) if batch else 0))
+        return out
 
 
 def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 7,
@@ -500,48 +508,97 @@ class Search:
         return ranked
 
     def fallback(self, name: str, start: Recipe, ranked, max_float: int | None = None) -> Recipe | None:
-        """Cumulative fallback in sensitivity order, scored on the validation sample, until the gates hold there
-        (with the margin); then on the whole validation split, adding units while it does not hold yet.
-        `max_float`: a candidate already passed with that many float nodes; one with as many cannot be faster."""
-        r, whole = start, False
-        # Single units' gains are noisy (a few photos flip either way): go down the ranking whatever the sign,
-        # and stop once the distortion has not improved for PATIENCE steps.
+        """The shortest prefix of the sensitivity ranking that, kept in float, makes every gate hold (with the
+        margin). Found on the validation sample by galloping (1, 2, 4, ... units float) and then bisecting, so a
+        prefix of n units costs about 2 log2(n) candidates, not n; then confirmed on the whole validation split,
+        adding units one at a time while it does not hold there yet.
+        `max_float`: a candidate already passed with that many float nodes; one with as many cannot be faster, so
+        only the longest prefix under it is tried first and, when that misses, nothing shorter is."""
         # Past half the units in float a CPU form cannot meet its speed gate; a form without one (TensorRT's,
         # whose speed is the GPU's) may go down the whole ranking.
         budget = ranked[: max(1, len(ranked) // 2)] if self.check_speed else ranked
-        best, stale = float("inf"), 0
-        step = self.measure("fallback", f"{name}", r, evaluator=self.sample)
-        for unit, members, _gain in [(None, [], 0.0), *budget]:
+        prefixes: list[tuple[str, Recipe]] = [("", start)]
+        for unit, members, _gain in budget:
+            r = prefixes[-1][1]
+            if set(members) <= set(r.float_nodes):
+                continue  # already float through a family
+            r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
+            if max_float is not None and len(r.float_nodes) >= max_float:
+                break
+            prefixes.append((unit, r))
+        last = len(prefixes) - 1
+        scored: dict[int, Step | None] = {}
+
+        def score(k: int, whole: bool = False) -> Step | None:
+            unit, r = prefixes[k]
+            change = name if not k else f"{name} +float {unit}" if k == 1 else f"{name} +{k} units float, to {unit}"
+            if whole:
+                return self.measure("fallback", change, r)
+            if k not in scored:
+                scored[k] = self.measure("fallback", change, r, evaluator=self.sample)
+            return scored[k]
+
+        def ok(step: Step | None) -> bool:
+            return step is not None and step.passed
+
+        def spent() -> bool:
             if self.spent():
                 self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
+            return self.spent()
+
+        def last_buildable() -> int:
+            """The longest prefix the form accepts: one with every unit float has nothing left to quantize."""
+            nonlocal last
+            while last > 0 and score(last) is None and not self.spent():
+                last -= 1
+            return last
+
+        lo, hi = -1, None  # the longest prefix that missed on the sample, the shortest that passed
+        if ok(score(0)):
+            hi = 0
+        elif max_float is not None:
+            if spent() or last_buildable() == 0 or not ok(score(last)):
+                self.log(f"  stopped: no candidate under {max_float} float nodes passes")
                 return None
-            if unit is not None:
-                if set(members) <= set(r.float_nodes):
-                    continue  # already float through a family
-                r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
-                if max_float is not None and len(r.float_nodes) >= max_float:
-                    self.log(f"  stopped: {len(r.float_nodes)} float nodes, no fewer than a passing candidate's")
+            lo, hi = 0, last
+        else:
+            lo, k, best, stale = 0, 1, scored[0].distortion if scored[0] else float("inf"), 0
+            while lo < last:
+                if spent():
                     return None
-                step = self.measure("fallback", f"{name} +float {unit}", r, evaluator=self.val if whole else
-                                    self.sample)
-            if step is not None and unit is not None and not whole:
+                k = min(k, last)
+                step = score(k)
+                if step is None:  # rejected: no longer prefix builds either
+                    last = k - 1
+                    continue
+                if ok(step):
+                    hi = k
+                    break
+                lo = k
                 best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
                 if stale >= PATIENCE:
-                    self.log(f"  stopped: no improvement in {PATIENCE} steps")
+                    self.log(f"  stopped: no improvement in {PATIENCE} doublings of the float units")
                     return None
-            if step is None or not step.passed:
-                continue
-            if not whole:  # passed on the sample: the whole split decides from here on
-                whole = True
-                step = self.measure("confirm", f"{name} on all validation", r, speed=True)
-                if step is not None and step.passed:
-                    return r
-            else:
-                return r
-            if self.check_speed and step is not None and step.speedup is not None \
-                    and step.speedup < self.early_speed:
-                self.log("  stopped: the speed gate no longer holds")
+                k *= 2
+            if hi is None:
                 return None
+        while hi - lo > 1:
+            if spent():
+                return None
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok(score(mid)) else (mid, hi)
+        # Passed on the sample: the whole split decides from here on.
+        step = self.measure("confirm", f"{name} on all validation", prefixes[hi][1], speed=True)
+        if ok(step):
+            return prefixes[hi][1]
+        if self.check_speed and step is not None and step.speedup is not None and step.speedup < self.early_speed:
+            self.log("  stopped: the speed gate no longer holds")
+            return None
+        for k in range(hi + 1, last + 1):
+            if spent():
+                return None
+            if ok(score(k, whole=True)):
+                return prefixes[k][1]
         return None
 
     def run(self) -> SearchResult:
@@ -570,9 +627,10 @@ class Search:
                     scored.append((step.distortion, name, variant))
             scored.sort(key=lambda v: v[0])
             if scored:  # the sample also carries the whole split's worst rows, which decide worst-case gates
-                hard = self.val.worst_batches(self.build(scored[0][2]))
-                self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra=hard)
-                self.log(f"  sample: every {self.sample_stride}th batch + {len(hard)} holding the worst rows")
+                hard = self.val.worst_rows(self.build(scored[0][2]))
+                self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra_rows=hard)
+                self.log(f"  sample: every {self.sample_stride}th batch + the {sum(map(len, hard.values()))} worst "
+                         "rows of the split")
             ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
             finals = []
             for _, name, variant in scored[: self.max_variants]:
