@@ -34,6 +34,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
+from text_support import INT8_PACKING_NOISE
 from tritonclient.utils import InferenceServerException
 
 from tritonkit import build, data, imaging, paths
@@ -339,7 +340,7 @@ def _(c: Caller) -> None:
     assert np.isfinite(out["embedding"]).all() and (out["num_tokens"].ravel() >= 3).all()
     np.testing.assert_allclose(np.linalg.norm(out["embedding"], axis=1), 1.0, atol=1e-4)
     # Surrounding whitespace is not content: the same embedding as the stripped text.
-    assert float(out["embedding"][4] @ c.embed(b"padded")[0]) > 0.9999
+    assert 1.0 - float(out["embedding"][4] @ c.embed(b"padded")[0]) <= INT8_PACKING_NOISE  # batch of 5 vs alone
 
 
 @case(TEXT, "text/batch-64-at-max")
@@ -641,7 +642,8 @@ def test_text_mixed_batch_bad_request_fails_alone(server, callers, protocol, bad
 
     def compare(ref, got):
         assert (got["num_tokens"] == ref["num_tokens"]).all()
-        assert ((got["embedding"] * ref["embedding"]).sum(1) > 0.9999).all()
+        # Alone vs in a mixed batch: the INT8 packed graph's measured batching noise, no more.
+        assert (1.0 - (got["embedding"] * ref["embedding"]).sum(1)).max() <= INT8_PACKING_NOISE
 
     blocker = Blocker("tokenizer", "text", long_text(20_000), "input_ids")
     run_mixed_batch(server, protocol, TEXT, blocker, goods, bad, compare, ["tokenizer: ", fragment])

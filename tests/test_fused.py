@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from text_support import ensure_text_built
+from text_support import INT8_PACKING_NOISE, ensure_text_built
 from tritonclient.utils import InferenceServerException
 
 from tritonkit import data, kinds, paths, textproc
@@ -96,7 +96,8 @@ def test_fused_equals_the_ensemble_for_mixed_lengths_sent_concurrently(server):
     ensemble = _one_text_each(server.grpc_url, ENSEMBLE, texts)
     a, b = fused["embedding"], ensemble["embedding"]
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    assert cos.min() >= 0.9999, f"worst text {int(cos.argmin())}: cos {cos.min():.6f}"
+    # Each model batched the texts its own way: the INT8 packed graph's measured batching noise, no more.
+    assert 1.0 - cos.min() <= INT8_PACKING_NOISE, f"worst text {int(cos.argmin())}: cos {cos.min():.6f}"
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-4)
     assert (fused["num_tokens"] == ensemble["num_tokens"]).all()
     assert (fused["truncated"] == ensemble["truncated"]).all()
@@ -161,7 +162,8 @@ def test_bad_text_fails_only_its_request_in_a_shared_batch(server, bad, message)
         for ref, got in zip(refs, good_results):
             assert not isinstance(got, Exception), f"a good request failed beside the bad one: {got}"
             assert (got["num_tokens"] == ref["num_tokens"]).all()
-            assert ((got["embedding"] * ref["embedding"]).sum(1) > 0.9999).all()
+            # Alone vs in a shared batch: the INT8 packed graph's measured batching noise, no more.
+            assert (1.0 - (got["embedding"] * ref["embedding"]).sum(1)).max() <= INT8_PACKING_NOISE
         assert isinstance(error, InferenceServerException), "the bad request succeeded"
         assert f"{FUSED}: {message}" in str(error), str(error)
         assert error.status() == "StatusCode.INVALID_ARGUMENT", error.status()

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from text_support import start_text_server
+from text_support import INT8_PACKING_NOISE, start_text_server
 from tritonkit_client import ServerUnavailable, embed
 
 from tritonkit import data
@@ -48,7 +48,8 @@ def test_embed_file_to_npy_over_grpc_async(server, tmp_path):
     vectors = np.load(out)
     direct = embed(texts, url=server.http_url)
     assert vectors.shape == (40, 384)
-    assert ((vectors * direct.vectors).sum(1) > 0.9999).all()
+    # Batches of 7 vs one batch of 40: the INT8 packed graph's measured batching noise, no more.
+    assert (1.0 - (vectors * direct.vectors).sum(1)).max() <= INT8_PACKING_NOISE
 
 
 @pytest.mark.slow

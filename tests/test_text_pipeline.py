@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from text_support import ensure_text_built, st_model, start_text_server
+from text_support import BATCHING_NOISE, INT8_PACKING_NOISE, ensure_text_built, st_model, start_text_server
 from tritonclient.utils import InferenceServerException
 from tritonkit_client import AsyncClient, Client, ClientError, embed, embed_async
 
@@ -63,13 +63,6 @@ def test_fp32_ensemble_equals_sentence_transformers_concurrently(server):
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
 
 
-# How far one text's served embedding may move with its batch-mates (packing, kernel blocking): measured by
-# test_batching_noise_is_bounded; every served-vs-offline comparison allows this and no more.
-BATCHING_NOISE = 2e-5  # 1 - cosine
-# The INT8 encoder's packed graph moves more: a text's softmax sums its row in another order when other texts
-# share the row, and a last-bit change can cross a uint8 level (tritonkit.kinds.text.write_packed; up to 6e-4
-# measured on 96 validation texts). The build proves the packed INT8 graph against the gates, not this bound.
-INT8_PACKING_NOISE = 2e-3
 
 
 def _one_at_a_time(url: str, model: str, texts: list[str]) -> np.ndarray:

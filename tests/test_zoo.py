@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_text_pipeline import BATCHING_NOISE  # measured there: how far a text moves with its batch-mates
+from text_support import BATCHING_NOISE  # how far a text moves with its batch-mates (measured in test_text_pipeline)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
