@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         row("weights int8, all but depthwise convs",
             _weight_only(fp32, lambda n, a: not depthwise(n, a), tmp / "w_rest.onnx"))
         # The same bias correction the search offers, so this row isolates what rounding leaves after it.
-        corrected = correct_biases(fp32, tmp / "corrected.onnx", {"Conv"}, set(), spec.calibration_batches,
+        corrected = correct_biases(fp32, tmp / "corrected.onnx", {"Conv"}, spec.calibration_batches,
                                    per_channel=True)
         row("weights int8 + bias correction", _weight_only(corrected, lambda n, a: True, tmp / "w_bc.onnx"))
     for form, placement in (("uint8", "all"), ("int8", "inputs")):

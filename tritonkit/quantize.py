@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +164,7 @@ def resolve_excluded(model_path, recipe: QuantRecipe) -> list[str]:
     return excluded
 
 
-def merge_parallel_matmuls(model_path: Path, out_path: Path, excluded: set[str]) -> Path:
+def merge_parallel_matmuls(model_path: Path, out_path: Path) -> Path:
     """X@W1, X@W2, X@W3 (constant 2-D W, same X) → Split(X@[W1|W2|W3]); outputs keep their names."""
     import onnx
     from onnx import helper, numpy_helper
@@ -175,7 +175,7 @@ def merge_parallel_matmuls(model_path: Path, out_path: Path, excluded: set[str])
     groups: dict[str, list] = {}
     for node in graph.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if w is not None and len(w.dims) == 2 and node.name not in excluded and node.input[0] not in inits:
+        if w is not None and len(w.dims) == 2 and node.input[0] not in inits:
             groups.setdefault(node.input[0], []).append(node)
     merged = {}
     for x, nodes in groups.items():
@@ -243,7 +243,6 @@ def smooth(
     model_path: Path,
     out_path: Path,
     op_types: set[str],
-    excluded: set[str],
     batches: Callable[[], Iterable[Feeds]],
     alpha: float,
     max_batches: int | None = None,
@@ -257,7 +256,7 @@ def smooth(
     inits = {i.name: i for i in graph.initializer}
     groups: dict[str, list] = {}
     for node in graph.node:
-        if node.op_type != "MatMul" or "MatMul" not in op_types or node.name in excluded:
+        if node.op_type != "MatMul" or "MatMul" not in op_types:
             continue
         weight = inits.get(node.input[1])
         if weight is not None and len(weight.dims) == 2 and node.input[0] not in inits:
@@ -329,7 +328,6 @@ def correct_biases(
     model_path: Path,
     out_path: Path,
     op_types: set[str] | None,
-    excluded: set[str],
     batches: Callable[[], Iterable[Feeds]],
     per_channel: bool,
     max_batches: int | None = None,
@@ -342,7 +340,7 @@ def correct_biases(
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     convs = [n for n in graph.node if n.op_type == "Conv" and (op_types is None or "Conv" in op_types)
-             and n.name not in excluded and n.input[1] in inits and len(inits[n.input[1]].dims) == 4
+             and n.input[1] in inits and len(inits[n.input[1]].dims) == 4
              and len(n.input) > 2 and n.input[2] in inits]
     if not convs:
         raise QuantizationError("bias_correction set but no quantized Conv with constant weights and bias")
@@ -370,8 +368,7 @@ def correct_biases(
     return out_path
 
 
-def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str],
-                   excluded: set[str]) -> tuple[Path, dict[str, str]]:
+def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str]) -> tuple[Path, dict[str, str]]:
     """Insert one Identity per activation that feeds both quantized and float consumers; returns the new graph's
     path and {copy: the tensor it copies}.
 
@@ -393,7 +390,7 @@ def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str],
     outputs = {o.name for o in graph.output}
 
     def quantized(node) -> bool:
-        return node.op_type in op_types and node.name not in excluded
+        return node.op_type in op_types
 
     new_nodes, renamed = [], {}
     for tensor, readers in consumers.items():
@@ -469,7 +466,9 @@ def prepare(
     workdir: Path,
     total_batches: int | None = None,
 ) -> Prepared:
-    """Preprocess, merge parallel MatMuls, smooth, bias-correct and isolate inputs as `recipe` says."""
+    """Preprocess, merge parallel MatMuls, smooth, bias-correct and isolate inputs as `recipe` says. The transforms
+    see every node, the recipe's float ones too: those only stay out of quantization (quantize_prepared), so one
+    prepared graph serves every exclusion set and a replay builds what a search measured."""
     import onnx
     from onnx import numpy_helper
 
@@ -477,14 +476,12 @@ def prepare(
     source = Path(model_path)
     if recipe.preprocess:
         source = preprocess(source, workdir / "preprocessed.onnx")
-    excluded = resolve_excluded(source, recipe)
     if recipe.merge_parallel_matmuls and "MatMul" in (recipe.op_types or ["MatMul"]):
-        source = merge_parallel_matmuls(source, workdir / "merged.onnx", set(excluded))
-        excluded = resolve_excluded(source, recipe)
+        source = merge_parallel_matmuls(source, workdir / "merged.onnx")
     max_batches = recipe.calibration_batches or total_batches
     if recipe.smooth_alpha is not None:
-        source = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), set(excluded),
-                        batches, recipe.smooth_alpha, max_batches)
+        source = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), batches,
+                        recipe.smooth_alpha, max_batches)
     rounding = None
     if recipe.weight_rounding == "gptq":
         from tritonkit.rounding import round_weights
@@ -502,15 +499,15 @@ def prepare(
     if recipe.bias_correction:
         before = {i.name: i for i in onnx.load(str(source)).graph.initializer}
         op_types = set(recipe.op_types) if recipe.op_types is not None else None
-        source = correct_biases(source, workdir / "bias_corrected.onnx", op_types, set(excluded), batches,
-                                recipe.per_channel, max_batches)
+        source = correct_biases(source, workdir / "bias_corrected.onnx", op_types, batches, recipe.per_channel,
+                                max_batches)
         for node in onnx.load(str(source), load_external_data=False).graph.node:
             if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] in before:
                 originals[node.input[2]] = numpy_helper.to_array(before[node.input[2]])
                 corrected_by[node.input[2]] = node.name
     base, copies = source, {}
     if recipe.isolate_inputs and recipe.op_types:
-        source, copies = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types), set(excluded))
+        source, copies = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types))
     return Prepared(source, originals, corrected_by, rounding.originals if rounding else {},
                     rounding.rounded if rounding else {}, base, copies)
 
@@ -731,12 +728,9 @@ def quantize(
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    # Prepared as a search prepares it: the transforms see every node, and the float nodes (named as in that
-    # graph, e.g. a merged Q/K/V MatMul) only stay out of quantization, so a replay builds what was measured.
-    whole = replace(recipe, nodes_to_exclude=[], exclude_patterns=[])
     with tempfile.TemporaryDirectory(prefix="tritonkit-quant-") as tmp:
-        prepared = prepare(model_path, whole, batches, Path(tmp), total_batches)
-        ranges = calibrate(prepared, whole, batches, Path(tmp), total_batches, progress)
+        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches)
+        ranges = calibrate(prepared, recipe, batches, Path(tmp), total_batches, progress)
         onnx.save(quantize_prepared(prepared, ranges, recipe), str(out_path))
     return out_path
 

@@ -360,7 +360,7 @@ class Search:
         if key not in self.ws.prepared:
             work = Path(self.ws.tmp.name) / f"prep{len(self.ws.prepared)}"
             work.mkdir()
-            self.ws.prepared[key] = prepare(self.fp32, replace(r, float_nodes=[]).to_quant(self.spec.WEIGHT_OPS),
+            self.ws.prepared[key] = prepare(self.fp32, r.to_quant(self.spec.WEIGHT_OPS),
                                           self.spec.calibration_batches, work, self.spec.calibration_batch_count())
         return self.ws.prepared[key]
 
@@ -546,31 +546,33 @@ class Search:
                 self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
             return self.spent()
 
-        def last_buildable() -> int:
-            """The longest prefix the form accepts: one with every unit float has nothing left to quantize."""
+        def buildable(k: int) -> int:
+            """The longest prefix up to k the form accepts; past a rejected one (every unit float: nothing left
+            to quantize) no longer prefix builds either, so those are dropped."""
             nonlocal last
-            while last > 0 and score(last) is None and not self.spent():
-                last -= 1
-            return last
+            while k > 0 and score(k) is None and not self.spent():
+                last = k = k - 1
+            return k
 
         lo, hi = -1, None  # the longest prefix that missed on the sample, the shortest that passed
         if ok(score(0)):
             hi = 0
         elif max_float is not None:
-            if spent() or last_buildable() == 0 or not ok(score(last)):
+            if spent():
+                return None
+            if buildable(last) == 0 or not ok(score(last)):
                 self.log(f"  stopped: no candidate under {max_float} float nodes passes")
                 return None
             lo, hi = 0, last
         else:
             lo, k, best, stale = 0, 1, scored[0].distortion if scored[0] else float("inf"), 0
             while lo < last:
+                k = buildable(min(k, last))
                 if spent():
                     return None
-                k = min(k, last)
-                step = score(k)
-                if step is None:  # rejected: no longer prefix builds either
-                    last = k - 1
-                    continue
+                if k <= lo:
+                    break
+                step = scored[k]
                 if ok(step):
                     hi = k
                     break
