@@ -209,6 +209,23 @@ def test_build_engines_without_tensorrt_skips_with_reason(tmp_path):
         assert all("import tensorrt" in s.detail and "no CUDA GPU" in s.detail for s in steps)
 
 
+def test_no_int8_plan_from_a_tensorrt_form_that_did_not_pass(tmp_path, monkeypatch):
+    """A failed or fallen-back TensorRT-form INT8 report means its Q/DQ graph is the FP32 model or nearly float:
+    building an "int8" plan from it would name a plan INT8 that is not."""
+    from tritonkit import int8
+
+    spec = models.get("image_classification")
+    monkeypatch.setattr(int8, "REPORTS", tmp_path)
+    assert engines.int8_plan_refusal(spec) is None  # no report: nothing to refuse on
+    report = int8.report_path(spec, "tensorrt")
+    report.write_text(json.dumps({"passed": True, "status": "passed"}))
+    assert engines.int8_plan_refusal(spec) is None
+    report.write_text(json.dumps({"passed": False, "status": "failed",
+                                  "missed": ["int8_mac_share 0.041 < 0.667: the FP16 plan would be faster"]}))
+    why = engines.int8_plan_refusal(spec)
+    assert why and "int8_mac_share 0.041" in why and "FP16 plan serves" in why and "--search" in why
+
+
 def test_build_engines_command_succeeds_and_prints_the_skip(tmp_path):
     trt, gpus = _this_machine()
     if trt is not None and gpus:
@@ -227,8 +244,12 @@ def test_build_engines_command_succeeds_and_prints_the_skip(tmp_path):
 def test_real_plans_build_validate_and_configure(target):
     """On a machine with TensorRT + GPU: plans build, match ORT (polygraphy), carry metadata and configs."""
     env = engines.detect()
-    steps = engines.build_model_engines(models.get(target), env)
-    assert all(s.status == "built" for s in steps), [(s.model, s.detail) for s in steps]
+    spec = models.get(target)
+    steps = engines.build_model_engines(spec, env)
+    refused = engines.int8_plan_refusal(spec)  # the TensorRT-form INT8 report did not pass: FP16 only
+    assert [s.status for s in steps] == ["skipped" if refused and s.precision == "int8" else "built"
+                                         for s in steps], [(s.model, s.detail) for s in steps]
+    steps = [s for s in steps if s.status == "built"]
     for step in steps:
         meta_files = [Path(f) for f in step.files if f.endswith(".json")]
         meta = json.loads(meta_files[0].read_text())

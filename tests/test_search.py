@@ -294,11 +294,16 @@ class _CountedSearch(search.Search):
     """The fallback's prefix search on its own: a candidate passes once its first `need` units are float (the
     metric the real search measures is replaced by that rule, so the number of candidates tried is exact)."""
 
-    def __init__(self, need: int, passes_whole: bool = True, reject_from: int | None = None):
+    def __init__(self, need: int, passes_whole: bool = True, reject_from: int | None = None,
+                 units: int | None = None):
         super().__init__(TinySpec(), Path("unused.onnx"), ["int8"], check_speed=False, progress=False,
                          log=lambda _m: None)
         self.need, self.passes_whole, self.reject_from, self.tried = need, passes_whole, reject_from, []
+        self.units = units  # every unit one equal share of the compute; None: compute is not counted
         self._sample = self.ws.val = object()  # the two evaluators are only told apart, never run here
+
+    def int8_share(self, r):
+        return 1.0 if self.units is None else 1.0 - len(r.float_nodes) / self.units
 
     def measure(self, stage, change, r, speed=False, evaluator=None):
         n = len(r.float_nodes)
@@ -347,6 +352,42 @@ def test_fallback_under_a_passing_candidate_tries_its_longest_prefix_first():
     s = _CountedSearch(5)
     r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9)
     assert r is not None and len(r.float_nodes) == 5
+
+
+def test_the_tensorrt_form_keeps_two_thirds_of_the_compute_in_int8():
+    """Without a GPU speed gate, a TensorRT-form candidate may not leave more than a third of the compute float:
+    a strongly typed network runs it in FP32 and the FP16 plan would be faster."""
+    s = _CountedSearch(10, units=30)  # 10 of 30 equal units float: exactly 2/3 left in INT8
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(30))
+    assert r is not None and len(r.float_nodes) == 10
+    s = _CountedSearch(11, units=30)
+    assert s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(30)) is None
+    assert max(n for _, n in s.tried) == 10, s.tried  # nothing past the share was even built
+
+
+def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(tmp_path):
+    """weight_macs against the textbook count from the torch layers' shapes, and the built artefact's INT8 share
+    against the same count with one conv left float."""
+    import torch
+
+    from tritonkit import quantize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1, stride=2), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 8, 1), torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+    path = tmp_path / "net.onnx"
+    torch.onnx.export(net.eval(), (torch.zeros(1, 3, 16, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
+    expected = [16 * 3 * 9 * 8 * 8, 16 * 1 * 9 * 8 * 8, 8 * 16 * 8 * 8, 10 * 512]  # out × in/groups × k² × pixels
+    macs = quantize.weight_macs(onnx.shape_inference.infer_shapes(onnx.load(str(path))), ("Conv", "Gemm"))
+    assert list(macs.values()) == expected
+    first = next(iter(macs))
+    x = np.random.default_rng(0).uniform(-1, 1, (16, 3, 16, 16)).astype(np.float32)
+    recipe = search.Recipe(form="int8", placement="inputs", float_nodes=[first]).to_quant(("Conv", "Gemm"))
+    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    share = quantize.artefact_int8_share(out, ("Conv", "Gemm"))
+    assert share == pytest.approx(1 - expected[0] / sum(expected))
 
 
 def test_docs_keep_the_last_documented_search_of_a_replayed_model():

@@ -548,6 +548,22 @@ def trt_source_onnx(model_dir: Path, model: str) -> Path:
     return trt_form if trt_form.exists() else Path(model_dir) / "1" / "model.onnx"
 
 
+def int8_plan_refusal(spec) -> str | None:
+    """Why no INT8 plan is built, when the TensorRT-form INT8 report did not pass (no recipe met the gates with
+    enough of the compute in INT8: its Q/DQ graph is the FP32 model or nearly float); None to build it."""
+    from tritonkit import int8
+
+    report = int8.report_path(spec, "tensorrt")
+    if not report.exists():
+        return None
+    data = json.loads(report.read_text())
+    if data.get("passed"):
+        return None
+    why = "; ".join(data.get("missed") or []) or data.get("reason") or data.get("status", "")
+    return (f"no INT8 plan: the TensorRT-form INT8 graph did not pass ({why}; {paths.rel(report)}); the FP16 plan "
+            f"serves. Re-search with `{int8.search_command(spec)}`")
+
+
 def plan_devices(gpus: Sequence[Gpu], wanted: Iterable[str] | None = None) -> tuple[list[Gpu], list[str]]:
     """(one device per compute capability to build on, wanted capabilities with no device here). A plan only
     runs on the capability it was built on, so each is built on a device of that capability or not at all."""
@@ -578,6 +594,11 @@ def build_model_engines(spec, env: Environment, repository: Path = paths.MODEL_R
         step = Step(trt_model_name(sources[precision], precision), sources[precision], precision, "skipped")
         if env.skip_reason:
             step.detail = f"TensorRT plan not built: {env.skip_reason}"
+            steps.append(step)
+            continue
+        unfit = int8_plan_refusal(spec) if precision == "int8" else None
+        if unfit:
+            step.detail = unfit
             steps.append(step)
             continue
         if not onnx_path.exists():

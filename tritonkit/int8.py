@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tritonkit import envinfo, paths
 from tritonkit.errors import GateError
-from tritonkit.search import Evaluator, Recipe, Search, Workspace, missed, speedup
+from tritonkit.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, missed, speedup
 
 RECIPES = paths.SPECS
 REPORTS = paths.REPORTS
@@ -128,7 +128,7 @@ class Outcome:
 
 def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
-    from tritonkit.quantize import quantize, quantized_ops
+    from tritonkit.quantize import artefact_int8_share, quantize, quantized_ops
 
     entry = data[form]
     report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -154,10 +154,14 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     miss = [f"{split}: {m}" for split in metrics for m in missed(spec.TARGETS, metrics[split])]
     if form == "served" and not spec.SPEED_TARGET.met(speed):
         miss += missed([spec.SPEED_TARGET], speed)
+    share = artefact_int8_share(tmp, spec.WEIGHT_OPS)
+    if form == "tensorrt" and share < MIN_TENSORRT_INT8_SHARE:  # GPU speed is not measurable here; compute is
+        miss.append(f"int8_mac_share {share:.3f} < {MIN_TENSORRT_INT8_SHARE:.3f}: the FP16 plan would be faster")
     tmp.replace(out)
     report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
                   recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
-                  test=metrics["test"], speed=speed, quantized_ops=quantized_ops(out), quantize_s=round(calib_s, 1))
+                  test=metrics["test"], speed=speed, int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out),
+                  quantize_s=round(calib_s, 1))
     _write_report(spec, form, report)
     return Outcome(form, out, report["status"], miss)
 
@@ -231,6 +235,10 @@ def render_markdown(report: dict) -> str:
                                  f"{speed[k]:.2f} |")
         float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
         lines += ["", f"Kept in float ({len(float_nodes)}): " + (", ".join(f"`{n}`" for n in float_nodes) or "none")]
+        if report.get("int8_mac_share") is not None:
+            lines += ["", f"Weighted multiply-accumulates in INT8: {report['int8_mac_share']:.1%}."]
+        if report.get("missed"):
+            lines += ["", "Missed: " + "; ".join(report["missed"])]
     search = report.get("search", {})
     if search.get("steps"):
         lines += ["", f"## Search ({search.get('seconds')} s on the validation split)", "",

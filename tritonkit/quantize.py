@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -446,6 +447,7 @@ class Prepared:
     _inferred: Any = field(default=None, init=False, repr=False, compare=False)
     # Per quantizer configuration: initializer -> scale/zero point, shared by the candidates (quantize_prepared).
     initializer_params: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _macs: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def inferred_copy(self):
         """A fresh copy of the shape-inferred graph the quantizer edits; inferred once (seconds on an encoder)."""
@@ -457,6 +459,40 @@ class Prepared:
         model = onnx.ModelProto()
         model.CopyFrom(self._inferred)
         return model
+
+    def macs(self, weight_ops: Sequence[str]) -> dict[str, float]:
+        """Multiply-accumulates per sample of each node with a constant weight (weight_macs), computed once."""
+        if self._macs is None:
+            if self._inferred is None:
+                self.inferred_copy()
+            self._macs = weight_macs(self._inferred, weight_ops)
+        return self._macs
+
+
+def weight_macs(model, weight_ops: Sequence[str]) -> dict[str, float]:
+    """Multiply-accumulates per sample of each `weight_ops` node with a constant weight, from a shape-inferred
+    graph: weight elements × output positions (a conv's output pixels; 1 for MatMul/Gemm, whose rows per sample,
+    the tokens, are the same for every layer). Activation × activation MatMuls have no weight and count 0."""
+    sizes = {i.name: math.prod(i.dims) for i in model.graph.initializer}
+    # A Q/DQ graph's quantized weight reaches its node through DequantizeLinear.
+    sizes |= {n.output[0]: sizes[n.input[0]] for n in model.graph.node
+              if n.op_type == "DequantizeLinear" and n.input[0] in sizes}
+    dims = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+            for v in [*model.graph.value_info, *model.graph.output]}
+    out = {}
+    for node in model.graph.node:
+        weight = next((sizes[i] for i in node.input[1:2] if i in sizes), None)
+        if node.op_type not in weight_ops or weight is None:
+            continue
+        positions = math.prod(d for d in dims.get(node.output[0], [])[2:] if d) if node.op_type == "Conv" else 1
+        out[node.name] = float(weight * positions)
+    return out
+
+
+def int8_share(macs: dict[str, float], float_nodes: Iterable[str]) -> float:
+    """The share of a graph's weighted multiply-accumulates that a recipe leaves in INT8."""
+    total = sum(macs.values())
+    return 1.0 - sum(macs.get(n, 0.0) for n in set(float_nodes)) / total if total else 0.0
 
 
 def prepare(
@@ -806,6 +842,16 @@ def quantized_ops(model_path: Path) -> dict[str, int]:
         if node.op_type not in ("QuantizeLinear", "DequantizeLinear") and any(i in dq_outputs for i in node.input):
             ops[node.op_type] = ops.get(node.op_type, 0) + 1
     return ops
+
+
+def artefact_int8_share(model_path: Path, weight_ops: Sequence[str]) -> float:
+    """The share of a built graph's weighted multiply-accumulates that run in INT8 (their weight is quantized)."""
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(model_path), load_external_data=False))
+    dq_outputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    macs = weight_macs(model, weight_ops)
+    return int8_share(macs, [n.name for n in model.graph.node if n.name in macs and n.input[1] not in dq_outputs])
 
 
 # -- report --------------------------------------------------------------------------------------------------

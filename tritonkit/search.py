@@ -32,9 +32,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonkit.errors import SearchError
-from tritonkit.quantize import QuantRecipe, Target
+from tritonkit.quantize import QuantRecipe, Target, int8_share
 
 PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
+# A strongly typed TensorRT network runs a Q/DQ graph's float nodes in FP32: at a quarter of INT8's tensor-core
+# rate and half FP16's, an INT8 plan beats the FP16 plan only with over 2/3 of its multiply-accumulates in INT8.
+MIN_TENSORRT_INT8_SHARE = 2 / 3
 
 Feeds = dict[str, np.ndarray]
 
@@ -436,6 +439,11 @@ class Search:
     def spent(self) -> bool:
         return time.perf_counter() > self._deadline
 
+    def int8_share(self, r: Recipe) -> float:
+        """The share of the weighted multiply-accumulates `r` leaves in INT8 (on its prepared graph, where merged
+        MatMuls carry their new names)."""
+        return int8_share(self._prepare(r).macs(self.spec.WEIGHT_OPS), r.float_nodes)
+
     def _applicable_methods(self) -> list[tuple[str, dict]]:
         """Histogram calibrators concatenate every batch's tensors: they need equal-shape calibration feeds."""
         shapes = {tuple(v.shape for v in b.values()) for b in self.spec.calibration_batches()}
@@ -524,6 +532,10 @@ class Search:
                 continue  # already float through a family
             r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
             if max_float is not None and len(r.float_nodes) >= max_float:
+                break
+            if not self.check_speed and self.int8_share(r) < MIN_TENSORRT_INT8_SHARE:
+                self.log(f"  {name}: prefixes stop before {unit}: under {MIN_TENSORRT_INT8_SHARE:.0%} of the "
+                         "multiply-accumulates would stay INT8, so the FP16 plan would be faster")
                 break
             prefixes.append((unit, r))
         last = len(prefixes) - 1
@@ -668,6 +680,9 @@ class Search:
                 r, sp = max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))
                 why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} against "
                         f"FP32, under the {self.spec.SPEED_TARGET.value}x speed gate")
+            if not self.check_speed:
+                why += (f" with at least {MIN_TENSORRT_INT8_SHARE:.0%} of the weighted multiply-accumulates in INT8 "
+                        "(below that the FP16 plan is faster)")
             if self.spent():
                 why += f" within the search budget ({self.budget_s / 60:.0f} min)"
             return self._result(None, {}, {}, {}, failed, t0, why)
