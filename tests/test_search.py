@@ -432,3 +432,67 @@ def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
         return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"], **kw).run(None, {"x": x})[0]
 
     np.testing.assert_allclose(run(), run(disabled_optimizers=["WeightBiasQuantization"]), atol=1e-5)
+
+
+def test_cpu_int8_classes():
+    from tritonkit.envinfo import int8_class
+
+    assert int8_class(["avx2", "avx512f", "avx512bw", "avx512_vnni"]) == "vnni"
+    assert int8_class(["avx2", "avx_vnni"]) == "vnni"
+    assert int8_class(["avx2", "avx512f", "avx512bw"]) == "avx512"
+    assert int8_class(["avx2"]) == "avx2"
+    assert int8_class([]) == "generic"
+
+
+def _recipe_file(tmp_path, served: dict, env_features=("avx2", "avx512bw", "avx512_vnni")):
+    import json
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(NAME="tiny", spec=SimpleNamespace(file=tmp_path / "tiny.yaml"))
+    data = {"model": "tiny", "env": {"cpu_int8_features": list(env_features)}, "served": served,
+            "tensorrt": {"recipe": None, "status": "fp32-fallback"}}
+    (tmp_path / "tiny.int8.json").write_text(json.dumps(data))
+    return spec
+
+
+def test_a_served_recipe_is_resolved_for_this_cpus_int8_class(tmp_path):
+    from tritonkit import int8
+
+    legacy = {"recipe": {"form": "uint8", "placement": "inputs"}, "status": "passed"}
+    spec = _recipe_file(tmp_path, legacy)  # one entry from before classes: its env's CPU was a VNNI one
+    assert list(int8.committed_recipes(spec)["served"]) == ["vnni"]
+    assert "borrowed_from" not in int8.load_recipes(spec, cpu="vnni")["served"]
+    assert int8.load_recipes(spec, cpu="avx2")["served"]["borrowed_from"] == "vnni"
+    own = {"recipe": None, "status": int8.FALLBACK}
+    spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": own})
+    assert int8.load_recipes(spec, cpu="avx2")["served"] == own
+    assert not int8.all_classes_fall_back(spec)  # the committed config marks a fallback of every class only
+    spec = _recipe_file(tmp_path, {"vnni": own, "avx2": own})
+    assert int8.all_classes_fall_back(spec)
+
+
+@pytest.mark.parametrize("borrowed", [False, True])
+def test_a_recipe_from_another_cpu_class_that_misses_here_serves_fp32_not_a_failed_build(tiny, tmp_path,
+                                                                                         monkeypatch, borrowed):
+    """All three layers INT8 misses the tiny model's gates. On the CPU class that searched it that is a broken
+    recipe (the build fails); on another class it only means none was searched here: FP32, marked as such."""
+    import onnxruntime as ort
+
+    from tritonkit import int8
+
+    path, _ = tiny
+    spec = TinySpec()
+    spec.EXPORT = type("Export", (), {"name": "tiny"})
+    monkeypatch.setattr(int8, "REPORTS", tmp_path)
+    entry = {"recipe": {"form": "int8", "placement": "inputs"}, "status": "passed"}
+    if borrowed:
+        entry["borrowed_from"] = "vnni"
+    out = tmp_path / "served.onnx"
+    outcome = int8.replay(spec, path, "served", {"served": entry}, out, progress=False)
+    if not borrowed:
+        assert outcome.status == "failed" and any("cosine_min" in m for m in outcome.missed)
+        return
+    assert outcome.status == int8.FALLBACK
+    meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
+    assert meta[int8.PRECISION_KEY].startswith("fp32-fallback: the served recipe was searched on a vnni CPU")
+    assert not any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)

@@ -34,6 +34,20 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     return [f for f in INT8_FLAGS if f in flags]
 
 
+# The classes of onnxruntime's x86 u8s8 GEMM: VNNI sums int8 products exactly in int32; without it (AVX-512BW,
+# AVX2) pairs of products are summed in saturating int16 first, which changes both accuracy and speed.
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def int8_class(features: list[str] | None = None) -> str:
+    """The INT8 kernel class of this CPU (or of `features`): "vnni", "avx512", "avx2" or "generic". A served INT8
+    recipe is searched, committed and replayed per class."""
+    flags = set(cpu_flags() if features is None else features)
+    if flags & set(VNNI_FLAGS):
+        return "vnni"
+    return "avx512" if "avx512bw" in flags else "avx2" if "avx2" in flags else "generic"
+
+
 @cache
 def fingerprint() -> dict:
     return {"packages": versions(), "cpu_int8_features": cpu_flags(), "machine": platform.machine(),

@@ -13,7 +13,6 @@ that no longer passes here fails the build, naming the gate.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -58,10 +57,16 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
     t0 = time.perf_counter()
     out: dict = {"model": spec.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
     full: dict = {}
+    cpu = envinfo.int8_class()
+    committed = committed_recipes(spec) or {}
+    others = {c: e for c, e in committed.get("served", {}).items() if c != cpu}
+    if others:
+        _log(f"{spec.NAME}: keeping the served recipes of other CPU INT8 classes ({', '.join(others)}); this CPU "
+             f"is {cpu} (re-search those on such a CPU after a model, data or dependency change)")
     if only is not None:
         if only not in FORMS:
             raise GateError(f"form: '{only}' is not one of {', '.join(FORMS)}")
-        kept, log = load_recipes(spec), REPORTS / f"{spec.NAME}_int8_search.json"
+        kept, log = committed or None, REPORTS / f"{spec.NAME}_int8_search.json"
         if kept is None:
             raise GateError(f"form: searching only '{only}' needs a committed recipe for the other form "
                             f"({paths.rel(recipe_path(spec))}); run `{search_command(spec)}` first")
@@ -80,7 +85,7 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
             result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
                             log=_log, workspace=workspace).run()
             full[form] = result.to_json()
-            out[form] = {
+            entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
                 "status": "passed" if result.passed else FALLBACK,
                 "reason": result.reason,
@@ -88,6 +93,8 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 "validation": result.validation,
                 "test": result.test,
             }
+            # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
+            out[form] = {**others, cpu: {**entry, "env": envinfo.fingerprint()}} if form == "served" else entry
             found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
             _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
     finally:
@@ -99,21 +106,58 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
     write_json(REPORTS / f"{spec.NAME}_int8_search.json", {**out, "search": full})
     _log(f"{spec.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
          f"build/reports/{spec.NAME}_int8_search.json")
-    return out
+    return load_recipes(spec)
 
 
-def load_recipes(spec) -> dict | None:
+def committed_recipes(spec) -> dict | None:
+    """The recipe file as committed, its "served" entries keyed by CPU INT8 class (`envinfo.int8_class`). A file
+    written before classes holds one served entry: the class of the CPU its "env" names."""
     path = recipe_path(spec)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    served = data.get("served")
+    if isinstance(served, dict) and "status" in served:
+        env = data.get("env", {})
+        data["served"] = {envinfo.int8_class(env.get("cpu_int8_features", [])): {**served, "env": env}}
+    return data
+
+
+def load_recipes(spec, cpu: str | None = None) -> dict | None:
+    """The committed recipes with "served" resolved for this CPU's INT8 class (or `cpu`): its own entry, else the
+    one searched on another class, marked "borrowed_from". A borrowed recipe's replay re-checks every gate here
+    and serves FP32, loudly, where one misses (see replay)."""
+    data = committed_recipes(spec)
+    if data is None or not data.get("served"):
+        return data
+    cpu = cpu or envinfo.int8_class()
+    by_class = data["served"]
+    if cpu in by_class:
+        data["served"] = by_class[cpu]
+    else:
+        donor = "vnni" if "vnni" in by_class else sorted(by_class)[0]
+        data["served"] = {**by_class[donor], "borrowed_from": donor}
+    return data
 
 
 def served_label(name: str) -> str:
-    """What model `name`'s INT8 name serves, for labels: "INT8", or "FP32 fallback" when its committed served-form
-    search found no passing candidate (the INT8 name then holds the FP32 graph)."""
+    """What model `name`'s INT8 name serves, for labels: "INT8", or "FP32 fallback" when the build here served the
+    FP32 graph under the INT8 name (its report says so), else when the committed served-form search found none."""
     from tritonkit import models
 
-    data = load_recipes(models.get(name)) or {}
-    return "FP32 fallback" if data.get("served", {}).get("status") == FALLBACK else "INT8"
+    spec = models.get(name)
+    report = report_path(spec)
+    if report.exists():
+        status = json.loads(report.read_text()).get("status")
+    else:
+        status = (load_recipes(spec) or {}).get("served", {}).get("status")
+    return "FP32 fallback" if status == FALLBACK else "INT8"
+
+
+def all_classes_fall_back(spec) -> bool:
+    """Every CPU class's committed served search found no INT8 candidate: the INT8 name holds FP32 everywhere."""
+    served = (committed_recipes(spec) or {}).get("served") or {}
+    return bool(served) and all(e.get("status") == FALLBACK for e in served.values())
 
 
 # -- replay + gates ------------------------------------------------------------------------------------------
@@ -136,13 +180,20 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                     "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
     targets = list(spec.TARGETS) + ([spec.SPEED_TARGET] if form == "served" else [])
     report["gates"] = [{**asdict(t)} for t in targets]
-    if entry["recipe"] is None:
-        shutil.copyfile(fp32, out)
-        report.update(status=FALLBACK, passed=False, served="fp32", reason=entry.get("reason", ""))
+    borrowed = entry.get("borrowed_from")
+    if borrowed:
+        report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {envinfo.int8_class()}"
+
+    def fall_back(reason: str) -> Outcome:
+        write_fp32_fallback(fp32, out, reason)
+        report.update(status=FALLBACK, passed=False, served="fp32", reason=reason)
         _write_report(spec, form, report)
-        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({entry.get('reason')}); {paths.rel(out)} "
-              f"is the FP32 model, served under the INT8 model's name")
+        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
+              f"served under the INT8 model's name")
         return Outcome(form, out, FALLBACK, [])
+
+    if entry["recipe"] is None:
+        return fall_back(entry.get("reason", ""))
     recipe = Recipe.from_json(entry["recipe"])
     quant = recipe.to_quant(spec.WEIGHT_OPS, name=f"{spec.NAME}-{form}")
     t0 = time.perf_counter()
@@ -157,6 +208,13 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     share = artefact_int8_share(tmp, spec.WEIGHT_OPS)
     if form == "tensorrt" and share < MIN_TENSORRT_INT8_SHARE:  # GPU speed is not measurable here; compute is
         miss.append(f"int8_mac_share {share:.3f} < {MIN_TENSORRT_INT8_SHARE:.3f}: the FP16 plan would be faster")
+    if miss and borrowed:  # no recipe was ever searched for this CPU's kernels: FP32 here, not a failed build
+        tmp.unlink()
+        report.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+                      test=metrics["test"], speed=speed, missed_here=miss)
+        return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
+                         f"{envinfo.int8_class()} CPU ({'; '.join(miss)}); search this CPU's with "
+                         f"`make int8-search MODEL={spec.NAME} FORM=served` and commit it")
     tmp.replace(out)
     report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
                   recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
@@ -164,6 +222,20 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                   quantize_s=round(calib_s, 1))
     _write_report(spec, form, report)
     return Outcome(form, out, report["status"], miss)
+
+
+PRECISION_KEY = "tritonkit_precision"  # ONNX metadata of an FP32 graph under an INT8 name (the backend warns)
+
+
+def write_fp32_fallback(fp32: Path, out: Path, reason: str) -> None:
+    """The FP32 graph, marked in its ONNX metadata, so that the server's log says what it serves on this machine
+    even where the committed config cannot (a fallback of this CPU class only)."""
+    import onnx
+
+    model = onnx.load(str(fp32))
+    del model.metadata_props[:]
+    model.metadata_props.add(key=PRECISION_KEY, value=f"fp32-fallback: {reason}")
+    onnx.save(model, str(out))
 
 
 def _search_summary(spec, form: str) -> dict:

@@ -74,8 +74,11 @@ class TritonPythonModel:
             f"{self.name}: onnxruntime threads intra_op={options.intra_op_num_threads} "
             f"inter_op={options.inter_op_num_threads} (usable CPUs {usable_cpus()})"
         )
-        precision = param(self.config, "tritonkit_precision", "")
-        if precision:  # an INT8 model name serving the FP32 graph: say so wherever operators look
+        # An INT8 model name serving the FP32 graph: say so wherever operators look. The config marks a fallback of
+        # every CPU class, the graph's metadata one made by this machine's build.
+        precision = param(self.config, "tritonkit_precision", "") or \
+            self.session.get_modelmeta().custom_metadata_map.get("tritonkit_precision", "")
+        if precision:
             pb_utils.Logger.log_warn(f"{self.name}: SERVING FP32 UNDER AN INT8 NAME: {precision}")
         # Ids past an embedding table fail inside session.run with an opaque message: check them up front.
         self.index_limits = index_limits(model_path)
