@@ -6,7 +6,6 @@ Artefacts come from `python -m tritonkit.build image` (run here if missing or st
 from __future__ import annotations
 
 import asyncio
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -91,15 +90,16 @@ def test_served_int8_equals_the_offline_int8_model(image_server, image_build):
 def test_served_int8_is_the_searched_form_and_engines_get_the_tensorrt_form(image_build):
     """Served: the form the committed recipe names; kept for TensorRT: symmetric INT8, zero points 0."""
     import onnx
+    from int8_support import assert_fp32_fallback, fell_back
 
     from tritonkit import engines, int8
     from tritonkit.quantize import check_qdq
 
-    recipes = json.loads(int8.recipe_path(spec).read_text())
+    recipes = int8.load_recipes(spec)
     for form, path, activation in (("served", image_build.int8, None), ("tensorrt", image_build.trt_int8, "int8")):
         recipe = recipes[form]["recipe"]
-        if recipe is None:  # the search found nothing: the FP32 graph byte for byte, never a failed INT8 model
-            assert path.read_bytes() == image_build.fp32.read_bytes(), form
+        if fell_back(spec, form):  # no candidate for this form here: the FP32 graph, never a failed INT8 model
+            assert_fp32_fallback(path, image_build.fp32)
             continue
         assert check_qdq(onnx.load(str(path)), activation or recipe["form"], per_channel=True)["QuantizeLinear"] > 0
     model_dir = paths.MODEL_REPOSITORY / spec.INT8_MODEL

@@ -496,3 +496,17 @@ def test_a_recipe_from_another_cpu_class_that_misses_here_serves_fp32_not_a_fail
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     assert meta[int8.PRECISION_KEY].startswith("fp32-fallback: the served recipe was searched on a vnni CPU")
     assert not any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
+
+
+def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
+    from tritonkit import envinfo, int8
+
+    begin, end = int8.README_MARKERS
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{begin}\nCPU INT8 class `zzz`. kept as it was\n\n| t |\n\n"
+                      f"CPU INT8 class `{envinfo.int8_class()}`. stale\n{end}\nrest\n")
+    int8.docs(readme=readme, out=tmp_path / "page.md")
+    text = readme.read_text()
+    assert "CPU INT8 class `zzz`. kept as it was\n\n| t |" in text and "stale" not in text
+    assert text.count(f"CPU INT8 class `{envinfo.int8_class()}`. Regenerated") == 1
+    assert text.startswith("intro\n") and text.endswith(f"{end}\nrest\n")

@@ -60,22 +60,23 @@ def test_validation_raises_typed_error_listing_worst_cases(built):
 def test_int8_forms_are_what_their_recipes_say(built):
     """TensorRT form: symmetric INT8, zero points 0, per-channel weights. Served form: the searched recipe's.
     A form whose search found nothing is the FP32 graph byte for byte (never a failed INT8 model)."""
-    import json
+
+    from int8_support import assert_fp32_fallback, fell_back
 
     from tritonkit import int8, search
 
-    recipes = json.loads(int8.recipe_path(minilm).read_text())
-    trt_recipe, served = recipes["tensorrt"]["recipe"], recipes["served"]["recipe"]
-    if trt_recipe is None:
-        assert built.trt_int8.read_bytes() == built.fp32.read_bytes()
+    recipes = int8.load_recipes(minilm)
+    served = recipes["served"]["recipe"]
+    if fell_back(minilm, "tensorrt"):
+        assert_fp32_fallback(built.trt_int8, built.fp32)
     else:
         trt = onnx.load(str(built.trt_int8))
         counts = check_qdq(trt, "int8", per_channel=True)  # raises on a non-INT8 or non-zero zero point
         assert counts["QuantizeLinear"] > 0
         zero_points = [i for i in trt.graph.initializer if i.name.endswith("_zero_point")]
         assert zero_points and all(i.data_type == onnx.TensorProto.INT8 for i in zero_points)
-    if served is None:
-        assert built.int8.read_bytes() == built.fp32.read_bytes()
+    if fell_back(minilm):
+        assert_fp32_fallback(built.int8, built.fp32)
         return
     model = onnx.load(str(built.int8))
     check_qdq(model, served["form"], per_channel=True)

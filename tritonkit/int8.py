@@ -351,11 +351,30 @@ def check_all(names: list[str] | None = None) -> list[str]:
 README_MARKERS = ("<!-- int8-results:begin (python -m tritonkit.int8 docs) -->", "<!-- int8-results:end -->")
 
 
-def docs(readme: Path = paths.ROOT / "README.md", out: Path = paths.ROOT / "docs" / "int8.md") -> Path:
-    """docs/int8.md (every report in full) and README's INT8 table, both from build/reports/."""
+def docs_page(cpu: str) -> Path:
+    """The full reports of one CPU INT8 class: docs/int8.md for VNNI (the reference machine), docs/int8-<class>.md
+    for the others."""
+    return paths.ROOT / "docs" / ("int8.md" if cpu == "vnni" else f"int8-{cpu}.md")
+
+
+def _class_tables(block: str) -> dict[str, str]:
+    """CPU class -> its table in README's INT8 block (each starts with a "CPU INT8 class `x`" line)."""
+    import re
+
+    heads = list(re.finditer(r"^CPU INT8 class `(\w+)`", block, flags=re.M))
+    return {m.group(1): block[m.start(): heads[i + 1].start() if i + 1 < len(heads) else len(block)].strip()
+            for i, m in enumerate(heads)}
+
+
+def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Path:
+    """This CPU class's page of full reports (docs_page) and its table in README's INT8 block, from
+    build/reports/; the other classes' tables stay as their machines wrote them."""
     import hashlib
 
     from tritonkit import models
+
+    cpu = envinfo.int8_class()
+    out = out or docs_page(cpu)
 
     lock = paths.ROOT / "requirements.lock"
     lock_id = f"requirements.lock sha256 {hashlib.sha256(lock.read_bytes()).hexdigest()[:12]}" if lock.exists() \
@@ -386,13 +405,17 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path = paths.ROOT / "docs
                         f"{accuracy or '-'} | {f'{speed:.2f}x' if speed else '-'} |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(pages))
-    table = "\n".join([head, "", "| model | form | status | recipe | test split | INT8 vs FP32 (slowest batch) |",
-                       "|---|---|---|---|---|---|", *rows, "", "Full reports and the search steps: [docs/int8.md]"
-                       "(docs/int8.md)."])
+    page = paths.rel(out)
+    table = "\n".join([f"CPU INT8 class `{cpu}`. {head}", "",
+                       "| model | form | status | recipe | test split | INT8 vs FP32 (slowest batch) |",
+                       "|---|---|---|---|---|---|", *rows, "", f"Full reports and the search steps: [{page}]({page})."])
     text = readme.read_text()
     begin, end = README_MARKERS
     if begin in text and end in text:
-        text = text[: text.index(begin) + len(begin)] + "\n" + table + "\n" + text[text.index(end):]
+        tables = _class_tables(text[text.index(begin) + len(begin): text.index(end)])
+        tables[cpu] = table
+        block = "\n\n".join(tables[c] for c in sorted(tables, key=lambda c: (c != "vnni", c)))
+        text = text[: text.index(begin) + len(begin)] + "\n" + block + "\n" + text[text.index(end):]
         readme.write_text(text)
     return out
 
@@ -419,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     check = sub.add_parser("check", help="refuse (exit 2) an INT8 model that must not be served here")
     check.add_argument("models", nargs="*", help="build targets (default: all)")
-    sub.add_parser("docs", help="regenerate docs/int8.md and README's INT8 table from build/reports/")
+    sub.add_parser("docs", help="regenerate this CPU class's INT8 page (docs/int8.md for VNNI) and README table")
     args = parser.parse_args(argv)
     if args.cmd == "docs":
         print(f"wrote {paths.rel(docs())}")

@@ -1,0 +1,24 @@
+"""What an INT8 build served on this machine, checked against the artefacts themselves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+
+from tritonkit import int8
+
+
+def fell_back(spec, form: str = "served") -> bool:
+    """This machine's build put the FP32 graph under the INT8 name: the recipe of this CPU's class found nothing,
+    or one borrowed from another class missed here (its report says which; callers check the graph itself)."""
+    return json.loads(int8.report_path(spec, form).read_text())["status"] == int8.FALLBACK
+
+
+def assert_fp32_fallback(path: Path, fp32: Path) -> None:
+    """`path` is the FP32 graph, marked as such in its ONNX metadata: never a failed INT8 model."""
+    served, ref = onnx.load(str(path)), onnx.load(str(fp32))
+    assert served.graph.SerializeToString() == ref.graph.SerializeToString(), f"{path} is not the FP32 graph"
+    meta = {p.key: p.value for p in served.metadata_props}
+    assert meta.get(int8.PRECISION_KEY, "").startswith("fp32-fallback"), meta
