@@ -510,3 +510,27 @@ def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
     assert "CPU INT8 class `zzz`. kept as it was\n\n| t |" in text and "stale" not in text
     assert text.count(f"CPU INT8 class `{envinfo.int8_class()}`. Regenerated") == 1
     assert text.startswith("intro\n") and text.endswith(f"{end}\nrest\n")
+
+
+def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
+    """u8 activations at 255 times s8 weights at 127: each pair of products (64,770) overflows int16, which
+    onnxruntime's non-VNNI u8s8 kernels sum in saturating int16. The exact session (how the TensorRT form is judged)
+    must give the true dot products on any CPU."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k = 64
+    weight = np.full((k, 4), 127, np.int8)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "xs"),
+             numpy_helper.from_array(np.array(0, np.uint8), "xz"),
+             numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "ws")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    x = np.full((2, k), 255.0, np.float32)
+    got = search.session(model, exact=True).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))

@@ -172,10 +172,15 @@ class SearchResult:
 
 # -- evaluation ----------------------------------------------------------------------------------------------
 
-def session(model, threads: int = 0):
+def session(model, threads: int = 0, exact: bool = False):
+    """A CPU session; `exact`: Q/DQ nodes run as written, never fused into onnxruntime's integer kernels, so an
+    INT8 graph computes what exact int32 accumulation does (TensorRT's arithmetic) on any CPU, not what this CPU's
+    kernels do (without VNNI, u8s8 products are summed in saturating int16 pairs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if exact:  # the Q/DQ fusions are extended optimizations; basic ones (constant folding) keep the arithmetic
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -205,13 +210,13 @@ class Evaluator:
                 self.batches.append({k: v[rows] for k, v in batches[i].items()})
         self.ref = run_batches(session(fp32), self.batches)
 
-    def metrics(self, model) -> dict[str, float]:
-        return self.spec.gate_metrics(self.ref, run_batches(session(model), self.batches))
+    def metrics(self, model, exact: bool = False) -> dict[str, float]:
+        return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))
 
-    def worst_rows(self, model, share: float = 0.01) -> dict[int, list[int]]:
+    def worst_rows(self, model, share: float = 0.01, exact: bool = False) -> dict[int, list[int]]:
         """{batch index: row indices} of the `share` of rows `model` gets most wrong (relative L2 error), so a
         sample can carry the outliers that decide worst-case gates."""
-        got = run_batches(session(model), self.batches)
+        got = run_batches(session(model, exact=exact), self.batches)
         err = np.linalg.norm(got - self.ref, axis=1) / np.maximum(np.linalg.norm(self.ref, axis=1), 1e-12)
         bounds = np.cumsum([len(next(iter(b.values()))) for b in self.batches])
         out: dict[int, list[int]] = {}
@@ -339,10 +344,11 @@ class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
                  budget_s: float | None = None, progress: bool = True, log: Callable = print,
-                 workspace: Workspace | None = None):
+                 workspace: Workspace | None = None, exact: bool = False):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
+        self.exact = exact  # judge candidates by exact INT8 arithmetic (a GPU form), not this CPU's kernels
         self.max_variants = max_variants  # only the best-scoring knob variants get the fallback
         self.progress, self.log, self.sample_stride = progress, log, sample_stride
         self.budget_s = budget_s  # wall-clock cap: past it the search stops adding work and reports what it has
@@ -425,7 +431,7 @@ class Search:
             self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
                                    round(time.perf_counter() - t0, 1)))
             return None
-        metrics = (evaluator or self.val).metrics(model)
+        metrics = (evaluator or self.val).metrics(model, exact=self.exact)
         sp = None
         if speed and self.check_speed:
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3)["int8_speedup"]
@@ -497,7 +503,7 @@ class Search:
         units = {**families(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS),
                  **group_units(nodes, self.max_units)}
         t0 = time.perf_counter()
-        base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe)))
+        base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe), exact=self.exact))
         ranked = []
         for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
                                   disable=not self.progress):
@@ -508,7 +514,7 @@ class Search:
                 model = self.build(replace(track.recipe, float_nodes=members))
             except QuantizationError:
                 continue
-            gain = base - distortion(self.rank_targets, self.sample.metrics(model))
+            gain = base - distortion(self.rank_targets, self.sample.metrics(model, exact=self.exact))
             ranked.append((unit, members, gain))
         ranked.sort(key=lambda u: -u[2])
         self.sensitivity.append({"recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
@@ -641,7 +647,7 @@ class Search:
                     scored.append((step.distortion, name, variant))
             scored.sort(key=lambda v: v[0])
             if scored:  # the sample also carries the whole split's worst rows, which decide worst-case gates
-                hard = self.val.worst_rows(self.build(scored[0][2]))
+                hard = self.val.worst_rows(self.build(scored[0][2]), exact=self.exact)
                 self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra_rows=hard)
                 self.log(f"  sample: every {self.sample_stride}th batch + the {sum(map(len, hard.values()))} worst "
                          "rows of the split")
@@ -689,9 +695,9 @@ class Search:
         # Fastest first; without a speed check, the fewest float units.
         recipe, speed = max(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)))
         model = self.build(recipe)
-        validation = self.val.metrics(model)
+        validation = self.val.metrics(model, exact=self.exact)
         self.log("[search] confirming once on the test split")
-        test = Evaluator(self.spec, self.fp32, "test").metrics(model)
+        test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
         ok_test = passes(self.spec.TARGETS, test)
         reason = "" if ok_test else "test split: " + "; ".join(missed(self.spec.TARGETS, test))
         return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
