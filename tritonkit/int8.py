@@ -72,8 +72,8 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
                             f"({paths.rel(recipe_path(spec))}); run `{search_command(spec)}` first")
         old = json.loads(log.read_text()).get("search", {}) if log.exists() else {}
         for form in FORMS:
-            if form != only:
-                out[form] = kept[form]
+            if form != only:  # kept as committed, with the environment that searched it
+                out[form] = kept[form] if form == "served" else {"env": kept.get("env", {}), **kept[form]}
                 if form in old:
                     full[form] = old[form]
     workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
@@ -94,7 +94,8 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 "test": result.test,
             }
             # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
-            out[form] = {**others, cpu: {**entry, "env": envinfo.fingerprint()}} if form == "served" else entry
+            entry["env"] = envinfo.fingerprint()
+            out[form] = {**others, cpu: entry} if form == "served" else entry
             found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
             _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
     finally:
