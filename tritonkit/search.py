@@ -344,11 +344,14 @@ class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
                  budget_s: float | None = None, progress: bool = True, log: Callable = print,
-                 workspace: Workspace | None = None, exact: bool = False):
+                 workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
         self.exact = exact  # judge candidates by exact INT8 arithmetic (a GPU form), not this CPU's kernels
+        # Without a speed gate, compute stands in for speed (MIN_TENSORRT_INT8_SHARE); with one, speed decides.
+        self.min_int8_share = (0.0 if check_speed else MIN_TENSORRT_INT8_SHARE) if min_int8_share is None \
+            else min_int8_share
         self.max_variants = max_variants  # only the best-scoring knob variants get the fallback
         self.progress, self.log, self.sample_stride = progress, log, sample_stride
         self.budget_s = budget_s  # wall-clock cap: past it the search stops adding work and reports what it has
@@ -539,9 +542,9 @@ class Search:
             r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
             if max_float is not None and len(r.float_nodes) >= max_float:
                 break
-            if not self.check_speed and self.int8_share(r) < MIN_TENSORRT_INT8_SHARE:
-                self.log(f"  {name}: prefixes stop before {unit}: under {MIN_TENSORRT_INT8_SHARE:.0%} of the "
-                         "multiply-accumulates would stay INT8, so the FP16 plan would be faster")
+            if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
+                self.log(f"  {name}: prefixes stop before {unit}: under {self.min_int8_share:.0%} of the "
+                         "multiply-accumulates would stay INT8")
                 break
             prefixes.append((unit, r))
         last = len(prefixes) - 1
@@ -686,8 +689,8 @@ class Search:
                 r, sp = max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))
                 why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} against "
                         f"FP32, under the {self.spec.SPEED_TARGET.value}x speed gate")
-            if not self.check_speed:
-                why += (f" with at least {MIN_TENSORRT_INT8_SHARE:.0%} of the weighted multiply-accumulates in INT8 "
+            if self.min_int8_share:
+                why += (f" with at least {self.min_int8_share:.0%} of the weighted multiply-accumulates in INT8 "
                         "(below that the FP16 plan is faster)")
             if self.spent():
                 why += f" within the search budget ({self.budget_s / 60:.0f} min)"
