@@ -75,9 +75,16 @@ def test_load_generator_gets_real_embeddings_from_our_server(start_server):
 
 @pytest.mark.slow
 def test_in_process_ceiling_runs_the_built_int8_model():
-    _built(kinds.get(TEXT).INT8_MODEL)
+    from int8_support import assert_fp32_fallback, fell_back
+
+    kind = kinds.get(TEXT)
+    _built(kind.INT8_MODEL)
     point = baselines.onnx_text(data.split("benchmark"), 1.5, TEXT, "int8")
-    assert "INT8" in point.label and point.throughput > 0 and point.p50_ms <= point.p99_ms
+    if fell_back(kind):  # this CPU's INT8 class has no passing recipe: the INT8 file is the FP32 graph, said so
+        assert_fp32_fallback(paths.MODEL_REPOSITORY / kind.INT8_MODEL / "1" / "model.onnx",
+                             paths.MODEL_REPOSITORY / kind.FP32_MODEL / "1" / "model.onnx")
+    assert ("FP32 fallback" if fell_back(kind) else "INT8") in point.label, point.label
+    assert point.throughput > 0 and point.p50_ms <= point.p99_ms
 
 
 @pytest.mark.slow
