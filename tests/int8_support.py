@@ -16,9 +16,13 @@ def fell_back(spec, form: str = "served") -> bool:
     return json.loads(int8.report_path(spec, form).read_text())["status"] == int8.FALLBACK
 
 
+def holds_fp32_graph(path: Path, fp32: Path) -> bool:
+    """`path` is the FP32 graph `fp32`, whatever metadata it carries."""
+    return onnx.load(str(path)).graph.SerializeToString() == onnx.load(str(fp32)).graph.SerializeToString()
+
+
 def assert_fp32_fallback(path: Path, fp32: Path) -> None:
     """`path` is the FP32 graph, marked as such in its ONNX metadata: never a failed INT8 model."""
-    served, ref = onnx.load(str(path)), onnx.load(str(fp32))
-    assert served.graph.SerializeToString() == ref.graph.SerializeToString(), f"{path} is not the FP32 graph"
-    meta = {p.key: p.value for p in served.metadata_props}
+    assert holds_fp32_graph(path, fp32), f"{path} is not the FP32 graph"
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert meta.get(int8.PRECISION_KEY, "").startswith("fp32-fallback"), meta

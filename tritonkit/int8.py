@@ -92,9 +92,9 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 "search_seconds": result.seconds,
                 "validation": result.validation,
                 "test": result.test,
+                "env": envinfo.fingerprint(),
             }
             # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
-            entry["env"] = envinfo.fingerprint()
             out[form] = {**others, cpu: entry} if form == "served" else entry
             found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
             _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
@@ -181,9 +181,9 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                     "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
     targets = list(spec.TARGETS) + ([spec.SPEED_TARGET] if form == "served" else [])
     report["gates"] = [{**asdict(t)} for t in targets]
-    borrowed = entry.get("borrowed_from")
+    borrowed, here = entry.get("borrowed_from"), envinfo.int8_class()
     if borrowed:
-        report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {envinfo.int8_class()}"
+        report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
 
     def fall_back(reason: str) -> Outcome:
         write_fp32_fallback(fp32, out, reason)
@@ -216,7 +216,7 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
         report.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
                       test=metrics["test"], speed=speed, missed_here=miss)
         return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
-                         f"{envinfo.int8_class()} CPU ({'; '.join(miss)}); search this CPU's with "
+                         f"{here} CPU ({'; '.join(miss)}); search this CPU's with "
                          f"`make int8-search MODEL={spec.NAME} FORM=served` and commit it")
     tmp.replace(out)
     report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,

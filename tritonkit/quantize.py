@@ -452,20 +452,23 @@ class Prepared:
     def inferred_copy(self):
         """A fresh copy of the shape-inferred graph the quantizer edits; inferred once (seconds on an encoder)."""
         import onnx
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self._inferred_graph())
+        return model
+
+    def _inferred_graph(self):
+        """The shape-inferred graph itself, loaded once; callers that edit it take inferred_copy()."""
         from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
 
         if self._inferred is None:
             self._inferred = load_model_with_shape_infer(Path(self.path))
-        model = onnx.ModelProto()
-        model.CopyFrom(self._inferred)
-        return model
+        return self._inferred
 
     def macs(self, weight_ops: Sequence[str]) -> dict[str, float]:
         """Multiply-accumulates per sample of each node with a constant weight (weight_macs), computed once."""
         if self._macs is None:
-            if self._inferred is None:
-                self.inferred_copy()
-            self._macs = weight_macs(self._inferred, weight_ops)
+            self._macs = weight_macs(self._inferred_graph(), weight_ops)
         return self._macs
 
 
