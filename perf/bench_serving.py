@@ -18,6 +18,7 @@ Text variants (the encoder's config):
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
   fused_delay_500, fused_delay_1000  the fused model's dynamic batcher waiting up to 500 / 1000 us
   instances_1x2  one encoder instance of two ORT threads (bigger batches, one copy of the weights read per run)
+  onnxruntime, openvino, fused_onnxruntime, fused_openvino  the encoder (ensemble or fused) on that runtime
 Image variants (the classifier's config):
   generated    as generated
   instances_2x1  two classifier instances of one ORT thread each, instead of the spec's instances x threads
@@ -39,6 +40,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import data, kinds, lab, load, paths, peers
 from tritonkit.server import TritonServer
+from tritonkit.serving.runtimes import THREAD_PARAMETER
 
 
 def _edit_buckets(cfg: mc.ModelConfig) -> None:
@@ -58,10 +60,29 @@ def _edit_instances(count: int, threads: int):
     return edit
 
 
+def _edit_runtime(runtime: str):
+    """Serve the encoder (or the fused model's encoder) on `runtime`, same threads per instance."""
+    names = THREAD_PARAMETER
+
+    def edit(cfg: mc.ModelConfig) -> None:
+        threads = next((cfg.parameters[k].string_value for k in names.values() if k in cfg.parameters), "1")
+        for key in names.values():
+            if key in cfg.parameters:
+                del cfg.parameters[key]
+        cfg.parameters[names[runtime]].string_value = threads
+        if cfg.backend == "python":
+            cfg.parameters["runtime"].string_value = runtime
+        else:
+            cfg.backend = runtime
+    return edit
+
+
 FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
 VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay(2000), FUSED: None,
                       "instances_1x2": _edit_instances(1, 2), "fused_delay_500": _edit_delay(500),
-                      "fused_delay_1000": _edit_delay(1000)},
+                      "fused_delay_1000": _edit_delay(1000), "onnxruntime": _edit_runtime("onnxruntime"),
+                      "openvino": _edit_runtime("openvino"), "fused_onnxruntime": _edit_runtime("onnxruntime"),
+                      "fused_openvino": _edit_runtime("openvino")},
             "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_delay(0)}}
 
 

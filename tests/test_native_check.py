@@ -1,5 +1,6 @@
 """Native-load check: each rule fails on its own fixture and nowhere else; both views of the real repository pass
-where they should, and the embedded repository's ragged text encoders are refused by the native rules."""
+where they should, and the embedded repository's ragged text encoders are refused by the native rules; models on
+OpenVINO are refused natively as generated and served by the NGC views in the native backend's form."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tritonkit import native_check, paths, repo_variants
+from tritonkit.config import check_config, parse_config
 from tritonkit.engines import EngineError, ServerTarget
 
 FIXTURES = Path(__file__).parent / "fixtures" / "native"
@@ -39,7 +41,8 @@ def test_every_rule_has_a_fixture_and_an_upstream_source():
     assert sorted(native_check.RULES) == RULE_FIXTURES
     for rule in native_check.RULES.values():
         repo, _, path = rule.source.partition("/")
-        assert repo in ("core", "onnxruntime_backend", "tensorrt_backend", "python_backend") and path.startswith("src/")
+        assert repo in ("core", "onnxruntime_backend", "tensorrt_backend", "python_backend", "openvino_backend")
+        assert path.startswith("src/")
         assert rule.url.startswith(f"{native_check.UPSTREAM}/{repo}/blob/{native_check.RELEASE_BRANCH}/src/")
 
 
@@ -125,3 +128,114 @@ def test_ngc_view_never_overwrites_a_folder_it_did_not_write(tmp_path):
     (tmp_path / "mine").mkdir()
     with pytest.raises(FileExistsError):
         repo_variants.ngc_view(tmp_path / "mine", FIXTURES / "base")
+
+
+# -- the openvino backend: our Python-based one in the embedded view, Triton's native one in the NGC views ---------
+
+def _openvino_repository(root: Path) -> Path:
+    """An embedded-form repository served on OpenVINO, as tritonkit generates it: a ragged text model with our
+    own parameters and a packed graph beside it, a fixed-shape model, and an ensemble over the text model."""
+    from tiny_models import linear_model, ragged_model
+
+    ragged_model(root / "ov_text" / "1" / "model.onnx")
+    (root / "ov_text" / "1" / "model.packed.onnx").write_bytes(b"only our backend reads this")
+    linear_model(root / "ov_fixed" / "1" / "model.onnx")
+    ours = ("packed_model", "model.packed.onnx"), ("packed_row_tokens", "128"), ("pad_value.TOKENS", "0"), \
+        ("ragged_max_padding", "0.25"), ("tritonkit_precision", "int8"), ("PERFORMANCE_HINT", "LATENCY"), \
+        ("INFERENCE_NUM_THREADS", "3")
+    params = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in ours)
+    text = ('name: "ov_text"\nbackend: "openvino"\nmax_batch_size: 8\n'
+            'input [ { name: "TOKENS" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]\n'
+            'output [ { name: "TOTAL" data_type: TYPE_FP32 dims: [ 1 ] }, '
+            '{ name: "SEEN_LEN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+            'instance_group [ { count: 2 kind: KIND_CPU } ]\n')
+    (root / "ov_text" / "config.pbtxt").write_text(text + "dynamic_batching { }\n" + params)
+    (root / "ov_text" / "configs").mkdir()
+    (root / "ov_text" / "configs" / "overload.pbtxt").write_text(
+        text + "dynamic_batching { default_queue_policy { timeout_action: REJECT default_timeout_microseconds: "
+        "300000 max_queue_size: 64 } }\n" + params)
+    (root / "ov_fixed" / "config.pbtxt").write_text(
+        'name: "ov_fixed"\nbackend: "openvino"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] }, '
+        '{ name: "BATCH" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'instance_group [ { count: 1 kind: KIND_CPU } ]\ndynamic_batching { max_queue_delay_microseconds: 500 }\n'
+        'parameters { key: "tritonkit_precision" value { string_value: "fp32" } }\n'
+        'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "2" } }\n')
+    (root / "pipe").mkdir()
+    (root / "pipe" / "1").mkdir()
+    (root / "pipe" / "config.pbtxt").write_text(
+        'name: "pipe"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "tokens" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "total" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "ov_text" model_version: -1 input_map { key: "TOKENS" value: '
+        '"tokens" } output_map { key: "TOTAL" value: "total" } } ] }\n')
+    return root
+
+
+def test_openvino_models_as_generated_are_refused_by_the_native_backend(tmp_path):
+    """Our backend pads ragged batches; the native one compiles a batching model at max_batch_size rows, has no
+    ragged inputs and reads model.xml unless told otherwise."""
+    repo = _openvino_repository(tmp_path / "embedded")
+    assert native_check.check_repository(repo, "embedded") == []
+    refused = {(v.rule, v.model) for v in native_check.check_repository(repo, "ngc-cpu")}
+    both = {(rule, model) for rule in ("ov.fixed_batch", "ov.model_file") for model in ("ov_text", "ov_fixed")}
+    assert refused == both | {("ov.ragged_input", "ov_text")}
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_ngc_views_serve_openvino_models_on_the_native_backend(tmp_path, gpu):
+    repo = _openvino_repository(tmp_path / "embedded")
+    view = repo_variants.ngc_view(tmp_path / "ngc", repo, gpu=gpu)
+    assert native_check.check_repository(view, "ngc-gpu" if gpu else "ngc-cpu", TARGET_TRT) == []
+    configs = native_check.load_repository(view)
+    for name in ("ov_text", "ov_fixed"):
+        cfg = configs[name]
+        assert cfg.backend == "openvino" and cfg.default_model_filename == "model.onnx"
+        assert set(cfg.parameters) <= set(native_check.OPENVINO_PARAMETERS), sorted(cfg.parameters)
+        assert not any(t.allow_ragged_batch for t in cfg.input) and not cfg.batch_input
+        assert cfg.max_batch_size == 0 and all(t.dims[0] == -1 for t in (*cfg.input, *cfg.output))
+        instances = sum(g.count for g in cfg.instance_group)
+        assert cfg.parameters["NUM_STREAMS"].string_value == str(instances)  # ours: one stream per instance
+    assert configs["ov_fixed"].parameters["INFERENCE_NUM_THREADS"].string_value == "2"  # 2 per instance, 1 instance
+    assert configs["ov_text"].parameters["INFERENCE_NUM_THREADS"].string_value == "6"  # 3 per instance, 2 of them
+    assert configs["ov_text"].parameters["PERFORMANCE_HINT"].string_value == "LATENCY"  # native ones stay
+    assert not list(view.rglob("*.packed.onnx")) and (view / "ov_text" / "1" / "model.onnx").is_file()
+    # The shedding profile keeps its queue policy: the batcher of a non-batching model sends one request at a time.
+    overload = parse_config((view / "ov_text" / "configs" / "overload.pbtxt").read_text(), "ov_text")
+    check_config(overload)
+    assert overload.max_batch_size == 0 and overload.dynamic_batching.default_queue_policy.max_queue_size == 64
+    assert not configs["ov_text"].HasField("dynamic_batching")  # an empty batcher is the default scheduler
+
+
+def test_openvino_fixes_a_batching_model_at_max_batch_size(tmp_path):
+    """What ov.fixed_batch and the NGC view rest on, on the real OpenVINO runtime and the native backend's load
+    steps (read_model, the config's element types, set_batch when max_batch_size > 0, compile): a batching
+    model refuses a smaller batch; the view's non-batching form runs each request at its own batch and length."""
+    ov = pytest.importorskip("openvino")
+    import numpy as np
+
+    repo = _openvino_repository(tmp_path / "embedded")
+    view = repo_variants.ngc_view(tmp_path / "ngc", repo, gpu=False)
+
+    def compiled(model_dir: Path):
+        cfg = native_check.load_repository(model_dir.parent)[model_dir.name]
+        model = ov.Core().read_model(model_dir / "1" / "model.onnx")
+        ppp = ov.preprocess.PrePostProcessor(model)
+        for t in cfg.input:
+            ppp.input(t.name).tensor().set_element_type(ov.Type.f32)
+            if cfg.max_batch_size:
+                ppp.input(t.name).tensor().set_layout(ov.Layout("N..."))
+        model = ppp.build()
+        if cfg.max_batch_size:
+            ov.set_batch(model, cfg.max_batch_size)
+        return ov.Core().compile_model(model, "CPU").create_infer_request()
+
+    embedded = compiled(repo / "ov_text")
+    with pytest.raises(RuntimeError):
+        embedded.infer({"TOKENS": np.ones((3, 5), np.float32)})
+    native = compiled(view / "ov_text")
+    for rows, length in ((1, 3), (3, 5), (11, 2)):  # 11 > the embedded max_batch_size: one client request
+        out = native.infer({"TOKENS": np.ones((rows, length), np.float32)})
+        seen = out["SEEN_LEN"]
+        assert seen.shape == (rows, 1) and (seen == length).all()

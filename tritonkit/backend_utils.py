@@ -131,6 +131,7 @@ ORT_COUNTERS = (
     ("arena_releases", "times the CPU memory arena was handed back to the OS after a burst (ArenaRelease)"),
     ("failed_runs", "session.run calls that raised (not counted in session_runs)"),
     ("retried_runs", "session.run calls over half of a group whose batched run failed (bisecting to the bad one)"),
+    ("warmup_runs", "runs over a made-up batch at load, before the first request (parameter warmup_runs)"),
 )
 
 

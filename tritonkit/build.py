@@ -175,7 +175,7 @@ def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool =
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
           progress: bool = True, search_if_missing: bool = False, search_budget_s: float | None = None,
-          search_form: str | None = None) -> BuildResult:
+          search_form: str | None = None, choose_runtime: bool = False) -> BuildResult:
     from tritonkit import generate
 
     spec = models.get(name)
@@ -197,6 +197,12 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
         _log(f"{spec.NAME}: generated {paths.rel(path)}")
     served, trt = outcomes
     build_packed(spec, served.path, fp32 if served.status == "passed" else None)
+    from tritonkit import runtime_choice
+
+    runtime_choice.choose(spec, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
+                          log=_log)
+    for path in generate.write([spec]):  # the runtime each model's config names
+        _log(f"{spec.NAME}: generated {paths.rel(path)}")
     return BuildResult(name, fp32, served.path, built, served.status, trt.path, outcomes)
 
 
@@ -211,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cap each form's search at M minutes of wall clock (it reports the best it found)")
     parser.add_argument("--form", choices=list(int8.FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
+    parser.add_argument("--choose-runtime", action="store_true",
+                        help="re-time every served file on ONNX Runtime and OpenVINO for this CPU class "
+                             "(models/<name>.runtime.json; commit it)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.form and not args.search:
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
                        progress=not args.no_progress, search_if_missing=True,
                        search_budget_s=args.budget_minutes * 60 if args.budget_minutes else None,
-                       search_form=args.form)
+                       search_form=args.form, choose_runtime=args.choose_runtime)
         for outcome in result.outcomes:
             if outcome.status == "failed":
                 status = 1

@@ -189,8 +189,8 @@ def check_config(cfg: mc.ModelConfig) -> None:
                 raise ConfigError(m, f"{where}.dims", f"'{t.name}' has dims {list(t.dims)}; use -1 or > 0")
     db = cfg.dynamic_batching
     if cfg.HasField("dynamic_batching"):
-        if cfg.max_batch_size == 0:
-            raise ConfigError(m, "dynamic_batching", "needs max_batch_size > 0")
+        # With max_batch_size 0 the batcher sends one request per execution and keeps its queue policy (core
+        # dynamic_batch_scheduler.cc: max(1, max_batch_size)); any preferred size is then refused below.
         for size in db.preferred_batch_size:
             if not 0 < size <= cfg.max_batch_size:
                 raise ConfigError(
@@ -264,7 +264,9 @@ def check_ensemble(ens: mc.ModelConfig, configs: dict[str, mc.ModelConfig]) -> N
         target = configs.get(step.model_name)
         if target is None:
             raise ConfigError(m, f"{where}.model_name", f"model '{step.model_name}' is not in the repository")
-        if ens.max_batch_size > 0 and target.max_batch_size < ens.max_batch_size:
+        # A non-batching step (max_batch_size 0) takes the batch axis in its dims (core ensemble_utils.cc
+        # ValidateEnsembleConfig), so only a batching step must batch at least as much as the ensemble.
+        if ens.max_batch_size > 0 and 0 < target.max_batch_size < ens.max_batch_size:
             raise ConfigError(
                 m, f"{where}.model_name",
                 f"'{step.model_name}' max_batch_size {target.max_batch_size} < ensemble's {ens.max_batch_size}",

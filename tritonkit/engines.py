@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonkit import paths
+from tritonkit import paths, releases
 from tritonkit.config import load_config, to_pbtxt
 from tritonkit.errors import EngineError
 
@@ -51,24 +51,28 @@ class ServerTarget:
 
     @property
     def image(self) -> str:
-        return f"nvcr.io/nvidia/tritonserver:{self.release}-py3"
+        return releases.image(self.release)
 
 
-# NGC release → (Triton core, TensorRT) as NVIDIA's release notes pair them. 24.10 is the container twin of the
-# embedded 2.51 core. Releases on TensorRT 11 are set with TRITONKIT_NGC_RELEASE + TRITONKIT_TENSORRT.
-KNOWN_RELEASES = {"24.10": ("2.51.0", "10.5.0")}
-DEFAULT_RELEASE = "24.10"
+# NGC release → (Triton core, TensorRT), read from tritonkit.releases (the one table; None: not in the sources).
+KNOWN_RELEASES = {r.ngc: (r.triton, r.tensorrt) for r in releases.RELEASES.values()}
+DEFAULT_RELEASE = releases.DEFAULT
 
 
 def target_server(release: str | None = None, tensorrt: str | None = None) -> ServerTarget:
-    """The one setting: TRITONKIT_NGC_RELEASE (default 24.10); TRITONKIT_TENSORRT for a release not listed."""
-    release = release or os.environ.get("TRITONKIT_NGC_RELEASE") or DEFAULT_RELEASE
-    tensorrt = tensorrt or os.environ.get("TRITONKIT_TENSORRT")
-    triton, known_trt = KNOWN_RELEASES.get(release, ("?", None))
-    if tensorrt is None and known_trt is None:
-        raise EngineError(f"TRITONKIT_NGC_RELEASE={release} is not in {sorted(KNOWN_RELEASES)}: set "
-                          f"TRITONKIT_TENSORRT to the TensorRT version its release notes list")
-    return ServerTarget(release, triton, tensorrt or known_trt)
+    """The one setting: TRITONKIT_NGC_RELEASE (default 24.10); TRITONKIT_TENSORRT where the table has no exact
+    TensorRT for the release (26.06 on) or does not list it."""
+    release = release or os.environ.get(releases.RELEASE_ENV) or DEFAULT_RELEASE
+    tensorrt = tensorrt or os.environ.get(releases.TENSORRT_ENV)
+    known = releases.RELEASES.get(release)
+    if tensorrt is None and (known is None or known.tensorrt is None):
+        why = (f"is not in {sorted(KNOWN_RELEASES)}" if known is None
+               else "has no exact TensorRT version in tritonkit/releases.py")
+        raise EngineError(f"{releases.RELEASE_ENV}={release} {why}: set {releases.TENSORRT_ENV} to the TensorRT "
+                          f"version its release notes list")
+    if known is not None and known.tensorrt_major and tensorrt and int(tensorrt.split(".")[0]) != known.tensorrt_major:
+        raise EngineError(f"{releases.TENSORRT_ENV}={tensorrt}: NGC {release} runs TensorRT {known.tensorrt_major}.x")
+    return ServerTarget(release, (known and known.triton) or "?", tensorrt or known.tensorrt)
 
 
 def same_tensorrt(built: str | None, server: str) -> bool:

@@ -65,3 +65,14 @@ def differences(recorded: dict, current: dict | None = None) -> list[str]:
     if sorted(recorded.get("cpu_int8_features", [])) != sorted(current["cpu_int8_features"]):
         diffs.append(f"CPU INT8 features {recorded.get('cpu_int8_features')} -> {current['cpu_int8_features']}")
     return diffs
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and core count as the kernel reports them (a machine's label in every measurement)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    cores = sum(1 for line in text.splitlines() if line.startswith("processor"))
+    return f"{name}, {cores} cores, {int8_class()}"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tritonkit import packing, paths
 from tritonkit.config import DynamicBatching, EnsembleStep, ModelSpec, Tensor
+from tritonkit.serving.runtimes import THREAD_PARAMETER
 
 MAX_CHARS = 100_000
 MAX_PIXELS = 40_000_000
@@ -53,11 +54,18 @@ def _int8_params(kind) -> dict[str, str]:
 
 def _ort(kind, name: str, inputs: list[Tensor], outputs: list[Tensor], instances: int, threads: int,
          extra: dict[str, str], what: str) -> Entry:
+    """An ONNX model on the CPU runtime the build measured faster for it (tritonkit.runtime_choice)."""
+    from tritonkit import runtime_choice
+
     s = kind.spec.serving
+    runtime = runtime_choice.runtime_for(kind, name)
     return Entry(ModelSpec(
-        name=name, backend="onnxruntime", max_batch_size=s.max_batch_size, inputs=inputs, outputs=outputs,
+        name=name, backend=runtime, max_batch_size=s.max_batch_size, inputs=inputs, outputs=outputs,
         instance_count=instances, dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.queue_delay_us),
-        parameters={"intra_op_thread_count": str(threads), **extra}, header=_header(kind, what)))
+        parameters={THREAD_PARAMETER[runtime]: str(threads), **runtime_choice.parameters_for(kind, name), **extra},
+        header=_header(kind, what),
+        # Triton fills in model.xml for openvino; the native backend reads our .onnx when the config names it.
+        default_model_filename="model.onnx" if runtime == "openvino" else ""))
 
 
 def _ensemble(kind, name: str, inputs: list[Tensor], outputs: list[Tensor], steps: list[EnsembleStep],
@@ -103,12 +111,16 @@ def text_repository(kind) -> list[Entry]:
         entries.append(_ensemble(kind, ensemble, text_in, [embedding, *extras], steps,
                                  f"Text in -> {about} out ({encoder}); also num_tokens and truncated per text."))
     if s.fused:
+        from tritonkit import runtime_choice
+
+        runtime = runtime_choice.runtime_for(kind, kind.INT8_MODEL)  # the encoder's file, so the encoder's runtime
         entries.append(Entry(ModelSpec(
             name=f"{spec.name}_fused", backend="python", max_batch_size=s.max_batch_size, inputs=text_in,
             outputs=[embedding, *extras], instance_count=s.model_instances,
             dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.fused_queue_delay_us),
-            parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx",
-                        "intra_op_thread_count": str(s.model_threads),
+            parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx", "runtime": runtime,
+                        THREAD_PARAMETER[runtime]: str(s.model_threads),
+                        **runtime_choice.parameters_for(kind, kind.INT8_MODEL),
                         **tokenizer_params, "ragged_max_padding": str(s.ragged_max_padding)},
             header=_header(kind, f"`{spec.name}` in one Python stub: tokenizer + the INT8 encoder's ONNX.")),
             "fused"))

@@ -2,9 +2,10 @@
 view before any server sees it.
 
 The embedded server and the NGC container read the same config schema but not the same backends: there,
-`backend: "onnxruntime"` is the native ONNX Runtime backend, TensorRT plans load, and KIND_GPU needs a GPU. Every
-rule below names the upstream source it restates (the r24.10 branches, the release paired with the embedded 2.51
-core), so a rule can be re-read against a newer release. What needs a GPU or TensorRT to know (a plan's
+`backend: "onnxruntime"` and `backend: "openvino"` are Triton's native ONNX Runtime and OpenVINO backends, TensorRT
+plans load, and KIND_GPU needs a GPU. Every rule below names the upstream source it restates; its URL points at
+that repository's branch of the release being checked (tritonkit.releases; r24.10, the twin of the embedded 2.51
+core, by default), so a rule can be re-read against each release. What needs a GPU or TensorRT to know (a plan's
 profiles, its TensorRT version) is read from the metadata `tritonkit.engines` writes beside each plan.
 
     python -m tritonkit.native_check build/ngc_repository --view ngc-gpu
@@ -14,19 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from tritonkit import releases
 from tritonkit.config import ConfigError, check_ensemble, load_repository
 from tritonkit.engines import is_tensorrt_config as is_tensorrt
 from tritonkit.engines import same_tensorrt, target_server
 from tritonkit.server import embedded_models
 
-UPSTREAM = "https://github.com/triton-inference-server"
-RELEASE_BRANCH = "r24.10"
+UPSTREAM = releases.UPSTREAM
+# The branch rule URLs name when no release is given: the default release's.
+RELEASE_BRANCH = releases.get(releases.DEFAULT).branch
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,12 @@ class Rule:
 
     @property
     def url(self) -> str:
+        return self.url_for(releases.get(releases.DEFAULT))
+
+    def url_for(self, release: releases.Release) -> str:
+        """The restated source on the branch of `release` (the server whose rules are checked)."""
         repo, _, path = self.source.partition("/")
-        return f"{UPSTREAM}/{repo}/blob/{RELEASE_BRANCH}/{path.split(' ')[0]}"
+        return release.url(repo, path.split(" ")[0])
 
 
 RULES: dict[str, Rule] = {r.id: r for r in (
@@ -79,24 +87,53 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "much as the ensemble"),
     Rule("python.model_file", "python_backend/src/pb_stub.cc (Stub::Initialize: stat of model.py)",
          "a Python-backend model has <version>/model.py"),
+    Rule("ov.model_file", "openvino_backend/src/openvino.cc (ModelState::ReadModel)",
+         "the version directory holds default_model_filename, else model.xml (an IR .xml with its .bin beside it)"),
+    Rule("ov.input_count", "openvino_backend/src/openvino.cc (ModelState::ValidateInputs)",
+         "the config lists exactly as many inputs as the graph has"),
+    Rule("ov.io_names", "openvino_backend/src/openvino.cc (ModelState::ValidateInputs/ValidateOutputs)",
+         "every configured input and output is a tensor of the graph"),
+    Rule("ov.io_dtype", "openvino_backend/src/openvino_utils.cc (ModelConfigDataTypeToOpenVINOElement)",
+         "data types are BOOL, UINT8..UINT64, INT8..INT64, FP16 or FP32 (no STRING, BF16, FP64); one other than "
+         "the graph's is converted, not refused"),
+    Rule("ov.io_dims", "openvino_backend/src/openvino_utils.cc (CompareDimsSupported)",
+         "configured dims (batch axis first when max_batch_size > 0) have the graph's rank; an input's fixed dims "
+         "equal the graph's, and an output's -1 stands only where the graph's axis is dynamic"),
+    Rule("ov.kind_cpu", "openvino_backend/src/openvino.cc (ModelInstanceState constructor)",
+         "instances are KIND_CPU (KIND_AUTO only where the server has no GPUs, as core then makes it KIND_CPU)"),
+    Rule("ov.parameters", "openvino_backend/src/openvino.cc (ModelState::ParseParameters, ParseParameterHelper, "
+         "ParseBoolParameter)",
+         "tuning parameters hold values the backend accepts; its YES/NO switches are on only for YES, so any "
+         "other spelling silently leaves them off; TARGET_DEVICE is CPU, the one device of NGC's image"),
+    Rule("ov.fixed_batch", "openvino_backend/src/openvino.cc (ModelInstanceState::ProcessRequests)",
+         "with max_batch_size > 1 the model is compiled at that batch (ValidateInputs: set_batch) and an "
+         "execution with fewer rows is refused unless ENABLE_BATCH_PADDING is YES"),
+    Rule("ov.padding_shape", "openvino_backend/src/openvino.cc (ModelInstanceState::SetInputTensors)",
+         "ENABLE_BATCH_PADDING copies requests into the compiled request's own input tensors, which hold no data "
+         "for a dynamic axis: every input's non-batch axes are fixed"),
+    Rule("ov.ragged_input", "openvino_backend/src/openvino.cc (ModelInstanceState::SetInputTensors)",
+         "no allow_ragged_batch input and no batch_input: a batch takes its first request's shape for every input "
+         "and the backend builds no batch_input tensors"),
 )}
 
 
 @dataclass(frozen=True)
 class View:
-    """What a server makes of a repository: which ONNX Runtime backend `backend: "onnxruntime"` means, whether
-    it has GPUs, whether it loads TensorRT plans."""
+    """What a server makes of a repository: which ONNX Runtime and OpenVINO backends `backend: "onnxruntime"` and
+    `backend: "openvino"` mean (ours, Python-based, or Triton's native ones), whether it has GPUs, whether it
+    loads TensorRT plans."""
 
     name: str
     native_onnxruntime: bool
     gpu: bool
     tensorrt: bool
+    native_openvino: bool = False
 
 
 VIEWS = {v.name: v for v in (
     View("embedded", native_onnxruntime=False, gpu=False, tensorrt=False),
-    View("ngc-gpu", native_onnxruntime=True, gpu=True, tensorrt=True),
-    View("ngc-cpu", native_onnxruntime=True, gpu=False, tensorrt=False),
+    View("ngc-gpu", native_onnxruntime=True, gpu=True, tensorrt=True, native_openvino=True),
+    View("ngc-cpu", native_onnxruntime=True, gpu=False, tensorrt=False, native_openvino=True),
 )}
 
 
@@ -123,6 +160,10 @@ _ONNX_TYPES = {  # ONNX TensorProto elem_type → Triton DataType
 
 def is_onnxruntime(cfg: mc.ModelConfig) -> bool:
     return cfg.platform == "onnxruntime_onnx" or cfg.backend == "onnxruntime"
+
+
+def is_openvino(cfg: mc.ModelConfig) -> bool:
+    return cfg.backend == "openvino"
 
 
 def _version_dirs(model_dir: Path) -> list[Path]:
@@ -224,6 +265,128 @@ def _check_onnxruntime(name: str, cfg: mc.ModelConfig, model_dir: Path, ctx: Con
                 elif not _dims_agree(dims, batch + list(t.reshape.shape or t.dims)):
                     yield Violation("ort.io_dims", name, f"{where}.dims",
                                     f"'{t.name}' is {dims} in the graph, config gives {batch + list(t.dims)}")
+
+
+# -- Triton's native openvino backend -------------------------------------------------------------------------
+
+# Every parameter it reads (ModelState::ParseParameters and its per-device overload); any other key is ignored.
+OPENVINO_PARAMETERS = ("PERFORMANCE_HINT", "INFERENCE_NUM_THREADS", "COMPILATION_NUM_THREADS", "NUM_STREAMS",
+                       "HINT_BF16", "CPU_EXTENSION_PATH", "SKIP_OV_DYNAMIC_BATCHSIZE", "ENABLE_BATCH_PADDING",
+                       "RESHAPE_IO_LAYERS", "TARGET_DEVICE")
+_OPENVINO_SWITCHES = ("SKIP_OV_DYNAMIC_BATCHSIZE", "ENABLE_BATCH_PADDING", "RESHAPE_IO_LAYERS")
+_OPENVINO_TYPES = {mc.TYPE_BOOL, mc.TYPE_UINT8, mc.TYPE_UINT16, mc.TYPE_UINT32, mc.TYPE_UINT64, mc.TYPE_INT8,
+                   mc.TYPE_INT16, mc.TYPE_INT32, mc.TYPE_INT64, mc.TYPE_FP16, mc.TYPE_FP32}
+
+
+def openvino_switch(cfg: mc.ModelConfig, key: str) -> bool:
+    """A YES/NO parameter as the backend reads it: on only for YES in any case."""
+    return key in cfg.parameters and cfg.parameters[key].string_value.lower() == "yes"
+
+
+def _openvino_parameter_problem(key: str, value: str) -> str | None:
+    """Why the backend refuses (or silently ignores) `value` for `key`; None when it takes it. Empty is unset."""
+    low = value.lower()
+    if not low or key not in OPENVINO_PARAMETERS:
+        return None
+    if key in ("INFERENCE_NUM_THREADS", "COMPILATION_NUM_THREADS") and not re.fullmatch(r"[0-9]+", low):
+        return f"'{value}' is not a non-negative integer; the model is refused"
+    if key == "HINT_BF16" and low != "yes":
+        return f"'{value}': only YES is accepted; the model is refused"
+    if key == "NUM_STREAMS" and low not in ("auto", "numa") and not re.fullmatch(r"[0-9]+", low):
+        return f"'{value}' is not AUTO, NUMA or a number; the model is refused"
+    if key == "PERFORMANCE_HINT" and low not in ("latency", "throughput", "cumulative_throughput"):
+        return f"'{value}' is not LATENCY, THROUGHPUT or CUMULATIVE_THROUGHPUT; the model is refused"
+    if key in _OPENVINO_SWITCHES and low not in ("yes", "no"):
+        return f"'{value}' leaves it off: the backend turns it on only for YES"
+    if key == "TARGET_DEVICE" and low != "cpu":
+        return f"'{value}': NGC's image carries the CPU plugin only"
+    return None
+
+
+def _openvino_dims_problem(graph: list[int], config: list[int], max_batch: int, exact: bool,
+                           reshaped: bool) -> str | None:
+    """CompareDimsSupported: rank with the batch axis first; fixed input dims equal; outputs match exactly."""
+    full = ([max_batch] if max_batch > 0 else []) + config
+    if len(graph) != len(full):
+        return (f"the graph has rank {len(graph)} {graph}, the config {len(full)} {full}"
+                + (" (batch axis first, as max_batch_size > 0)" if max_batch > 0 else ""))
+    if reshaped:  # RESHAPE_IO_LAYERS: the config's dims replace the graph's
+        return None
+    for axis, (g, c) in enumerate(zip(graph, full)):
+        if max_batch > 0 and axis == 0:
+            continue  # set_batch rewrites the batch axis
+        if c == -1 and not exact:
+            continue
+        if g != -1 and g != c:
+            return f"axis {axis} is {g} in the graph, the config says {c}"
+    return None
+
+
+def _check_openvino(name: str, cfg: mc.ModelConfig, model_dir: Path, ctx: Context) -> Iterator[Violation]:
+    if not ctx.view.native_openvino:
+        return  # the embedded view serves it with our Python-based backend, which pads and packs
+    for key, value in sorted(cfg.parameters.items()):
+        problem = _openvino_parameter_problem(key, value.string_value)
+        if problem:
+            yield Violation("ov.parameters", name, f"parameters.{key}", problem)
+    for i, group in enumerate(cfg.instance_group):
+        auto_cpu = group.kind == mc.ModelInstanceGroup.KIND_AUTO and not ctx.view.gpu
+        if group.kind != mc.ModelInstanceGroup.KIND_CPU and not auto_cpu:
+            yield Violation("ov.kind_cpu", name, f"instance_group[{i}].kind",
+                            f"{mc.ModelInstanceGroup.Kind.Name(group.kind)} in the {ctx.view.name} view; the openvino "
+                            f"backend runs KIND_CPU instances only")
+    for i, t in enumerate(cfg.input):
+        if t.allow_ragged_batch:
+            yield Violation("ov.ragged_input", name, f"input[{i}].allow_ragged_batch",
+                            f"'{t.name}': the backend shapes a batch like its first request, so a request of "
+                            f"another length fails")
+    for i, _ in enumerate(cfg.batch_input):
+        yield Violation("ov.ragged_input", name, f"batch_input[{i}]", "the openvino backend builds no batch inputs")
+    padding = openvino_switch(cfg, "ENABLE_BATCH_PADDING")
+    reshaped = openvino_switch(cfg, "RESHAPE_IO_LAYERS")
+    if cfg.max_batch_size > 1 and not padding:
+        yield Violation("ov.fixed_batch", name, "max_batch_size",
+                        f"{cfg.max_batch_size}: compiled at batch {cfg.max_batch_size}, every execution with fewer "
+                        f"rows fails; set ENABLE_BATCH_PADDING=YES or serve it non-batching (max_batch_size 0)")
+    for version in _version_dirs(model_dir):
+        path = version / (cfg.default_model_filename or "model.xml")
+        if not path.exists():
+            hint = ("; the backend's default is model.xml, so name model.onnx in default_model_filename"
+                    if not cfg.default_model_filename and (version / "model.onnx").exists() else "")
+            yield Violation("ov.model_file", name, "default_model_filename",
+                            f"{path.name} missing in {version.name}/{hint}")
+            continue
+        if path.suffix == ".xml" and not path.with_suffix(".bin").exists():
+            yield Violation("ov.model_file", name, "default_model_filename",
+                            f"{path.with_suffix('.bin').name} missing beside {version.name}/{path.name}")
+        if path.suffix != ".onnx":
+            continue  # the graph rules below read ONNX files; an IR would need OpenVINO itself
+        graph = _onnx_io(path)
+        if len(cfg.input) != len(graph["input"]):
+            yield Violation("ov.input_count", name, "input",
+                            f"{len(cfg.input)} configured, the graph has {len(graph['input'])} "
+                            f"({sorted(graph['input'])})")
+        for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
+            for i, t in enumerate(tensors):
+                where = f"{kind}[{i}]"
+                if t.data_type not in _OPENVINO_TYPES:
+                    yield Violation("ov.io_dtype", name, f"{where}.data_type",
+                                    f"'{t.name}' is {mc.DataType.Name(t.data_type)}; the openvino backend takes "
+                                    f"BOOL, UINT8..UINT64, INT8..INT64, FP16 and FP32 only")
+                if t.name not in graph[kind]:
+                    yield Violation("ov.io_names", name, f"{where}.name",
+                                    f"'{t.name}' is not a graph {kind} (graph has {sorted(graph[kind])})")
+                    continue
+                dims = graph[kind][t.name][1]
+                config = list(t.reshape.shape if t.HasField("reshape") else t.dims)
+                problem = _openvino_dims_problem(dims, config, cfg.max_batch_size, exact=kind == "output",
+                                                 reshaped=kind == "input" and reshaped)
+                if problem:
+                    yield Violation("ov.io_dims", name, f"{where}.dims", f"'{t.name}': {problem}")
+                served = config if reshaped else dims[1:]
+                if kind == "input" and padding and cfg.max_batch_size > 1 and not problem and -1 in served:
+                    yield Violation("ov.padding_shape", name, f"{where}.dims",
+                                    f"'{t.name}' has a dynamic axis {served}; a padded batch has nowhere to put it")
 
 
 def _check_tensorrt(name: str, cfg: mc.ModelConfig, model_dir: Path, ctx: Context) -> Iterator[Violation]:
@@ -329,6 +492,8 @@ def check_repository(repository: Path, view: View | str, tensorrt_version: str |
         checks: list[Check] = [_check_core]
         if is_onnxruntime(cfg):
             checks.append(_check_onnxruntime)
+        elif is_openvino(cfg):
+            checks.append(_check_openvino)
         elif is_tensorrt(cfg):
             checks.append(_check_tensorrt)
         elif cfg.backend == "python":
@@ -343,12 +508,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("repository", type=Path)
     parser.add_argument("--view", choices=sorted(VIEWS), required=True)
     args = parser.parse_args(argv)
-    target = target_server()
-    violations = check_repository(args.repository, args.view, target.tensorrt)
+    view = VIEWS[args.view]
+    release = releases.selected()
+    tensorrt = target_server(release.ngc).tensorrt if view.tensorrt else None  # a CPU view needs no TensorRT
+    violations = check_repository(args.repository, view, tensorrt)
     for v in violations:
-        print(f"refused: {v}")
-    print(f"{args.repository} ({args.view} view, NGC {target.release}, TensorRT {target.tensorrt}): "
-          f"{len(violations)} violation(s) of {len(RULES)} rules")
+        print(f"refused: {v}\n  {RULES[v.rule].url_for(release)}")
+    print(f"{args.repository} ({args.view} view, NGC {release.ngc}, rules as on the {release.branch} branches"
+          f"{f', TensorRT {tensorrt}' if tensorrt else ''}): {len(violations)} violation(s) of {len(RULES)} rules")
     return 1 if violations else 0
 
 

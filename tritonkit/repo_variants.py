@@ -233,12 +233,44 @@ def native_onnxruntime(cfg: mc.ModelConfig) -> None:
         del cfg.parameters[key]
 
 
+def native_openvino(cfg: mc.ModelConfig) -> None:
+    """Native openvino form: that backend compiles a batching model at exactly max_batch_size rows and pads only
+    fixed shapes, so ragged, variable-length batches are served non-batching (one request per run, own shape)."""
+    from tritonkit.native_check import OPENVINO_PARAMETERS
+
+    if cfg.max_batch_size > 0:  # the batch axis moves into dims, as an ensemble allows for a non-batching step
+        for tensor in (*cfg.input, *cfg.output):
+            tensor.dims.insert(0, -1)
+            if tensor.HasField("reshape"):
+                tensor.reshape.shape.insert(0, -1)
+        cfg.max_batch_size = 0
+        # The batcher keeps its queue policy and sends one request per execution (core: max(1, max_batch_size)).
+        del cfg.dynamic_batching.preferred_batch_size[:]
+        cfg.dynamic_batching.max_queue_delay_microseconds = 0
+        if not cfg.dynamic_batching.ListFields():
+            cfg.ClearField("dynamic_batching")
+    for tensor in cfg.input:
+        tensor.allow_ragged_batch = False
+    for key in [k for k in cfg.parameters if k not in OPENVINO_PARAMETERS]:  # ours (packed, padding) mean nothing
+        del cfg.parameters[key]
+    cfg.default_model_filename = cfg.default_model_filename or "model.onnx"  # its default is model.xml
+    # Each of our instances compiles its own model with these settings; the native instances share one compiled
+    # model, so its streams (ours default to 1) and threads are the totals over the instances.
+    counts = [g.count for g in cfg.instance_group]
+    if counts and all(counts):
+        per_instance = {"NUM_STREAMS": "1"} | {k: cfg.parameters[k].string_value for k in
+                                               ("NUM_STREAMS", "INFERENCE_NUM_THREADS") if k in cfg.parameters}
+        for key, value in per_instance.items():
+            if value.isdigit() and int(value) > 0:  # AUTO, NUMA and 0 (all cores) are already totals
+                cfg.parameters[key].string_value = str(int(value) * sum(counts))
+
+
 def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY, gpu: bool = True,
              target=None, only: Iterable[str] | None = None) -> Path:
     """What the NGC container loads, generated from the embedded repository: files copied (a bind mount cannot
-    follow symlinks out of it), ONNX Runtime configs and their profiles in the native form, TensorRT models only
-    in the GPU view and only when their plans were built by the target server's TensorRT. `only`: these models
-    (ensembles with their steps, as given), not the whole repository."""
+    follow symlinks out of it), ONNX Runtime and OpenVINO configs and their profiles in the native backends'
+    forms, TensorRT models only in the GPU view and only when their plans were built by the target server's
+    TensorRT. `only`: these models (ensembles with their steps, as given), not the whole repository."""
     from tritonkit import engines, native_check
 
     dest, source = Path(dest), Path(source)
@@ -247,7 +279,6 @@ def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY,
             raise FileExistsError(f"{dest} exists and was not generated here; not overwriting it")
         shutil.rmtree(dest)
     view = native_check.VIEWS["ngc-gpu" if gpu else "ngc-cpu"]
-    target = target or engines.target_server()
     models = native_check.loaded_models(source, view)
     if only is not None:
         models = {n: c for n, c in models.items() if n in set(only)}
@@ -256,6 +287,7 @@ def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY,
     for name, cfg in sorted(models.items()):
         src_dir = source / name
         if native_check.is_tensorrt(cfg):
+            target = target or engines.target_server()  # only plans need the target's TensorRT
             for plan, meta in native_check.plan_metadata(src_dir, cfg).items():
                 engines.check_plan_metadata(meta, target, f"{name}/{plan}")
         shutil.copytree(src_dir, dest / name, ignore=shutil.ignore_patterns(".*", "__pycache__", "config.pbtxt",
@@ -266,6 +298,8 @@ def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY,
             edited.name = edited.name or name
             if native_check.is_onnxruntime(edited):
                 native_onnxruntime(edited)
+            elif native_check.is_openvino(edited):
+                native_openvino(edited)
             check_config(edited)
             out = dest / name / path.relative_to(src_dir)
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit import paths, repo_variants
 from tritonkit.config import check_config, to_pbtxt
 from tritonkit.perf import PerfError, PerfPoint, run_perf_analyzer, write_input_data
+from tritonkit.serving.runtimes import THREAD_PARAMETER
 
 PROFILES = paths.ROOT / "profiles"
 RESULTS = paths.ROOT / "perf" / "results"
@@ -72,7 +73,7 @@ def get_knob(cfg: mc.ModelConfig, knob: str):
         return cfg.instance_group[0].count if cfg.instance_group else 1
     # .get(): indexing a protobuf map would insert the missing key into the config being read.
     if knob == "threads":
-        param = cfg.parameters.get("intra_op_thread_count")
+        param = cfg.parameters.get(THREAD_PARAMETER.get(cfg.backend, "intra_op_thread_count"))
         return int(param.string_value) if param and param.string_value else 0
     if knob == "bucket_padding":
         param = cfg.parameters.get("ragged_max_padding")
@@ -97,7 +98,7 @@ def set_knob(cfg: mc.ModelConfig, knob: str, value) -> None:
             cfg.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU)
         cfg.instance_group[0].count = value
     elif knob == "threads":
-        cfg.parameters["intra_op_thread_count"].string_value = str(value)
+        cfg.parameters[THREAD_PARAMETER.get(cfg.backend, "intra_op_thread_count")].string_value = str(value)
     elif knob == "bucket_padding":
         cfg.parameters["ragged_max_padding"].string_value = f"{value:g}"
     else:
@@ -109,7 +110,7 @@ def knobs_of(cfg: mc.ModelConfig) -> list[str]:
     if cfg.HasField("dynamic_batching"):
         knobs += ["queue_delay_us", "preferred_batch"]
     knobs += ["max_batch", "instances"]
-    if cfg.backend == "onnxruntime":
+    if cfg.backend in THREAD_PARAMETER:
         knobs.append("threads")
         if any(i.allow_ragged_batch for i in cfg.input):
             knobs.append("bucket_padding")

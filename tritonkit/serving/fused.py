@@ -1,12 +1,13 @@
 """`text_embedding_fused`: the `text_embedding` ensemble (tokenizer → INT8 text_encoder) in ONE Python-backend stub.
 
 Same inputs, outputs and per-request errors as the ensemble, without its second stub round trip: all texts of all
-requests of one execute() go through one `encode_batch`, then onnxruntime runs the encoder's ONNX (parameter
-`onnx_model`, default the INT8 `text_encoder`'s file, shared rather than copied) over them, packed end to end
+requests of one execute() go through one `encode_batch`, then the encoder's runtime (parameter `runtime`:
+onnxruntime or openvino, the one the build chose for the encoder, tritonkit.serving.runtimes) runs its ONNX
+(parameter `onnx_model`, default the INT8 `text_encoder`'s file, shared rather than copied) over them, packed end to end
 when the build wrote that file's packed form (tritonkit.packing, as text_encoder does), else in length buckets
 (`ragged_max_padding`, tritonkit.batching), and the embeddings are split back per request.
-Validation and tokenization are tritonkit/textproc.py, shared with the `tokenizer` model; ORT threads follow the
-parameters of backends/onnxruntime (intra_op_thread_count, ...).
+Validation and tokenization are tritonkit/textproc.py, shared with the `tokenizer` model; threads follow the
+parameters of that runtime's backend (intra_op_thread_count or INFERENCE_NUM_THREADS, ...).
 
 A request with a bad text fails alone (INVALID_ARG, the element named); the rest of the batch is served.
 """
@@ -17,12 +18,13 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 from tritonkit import packing, textproc
-from tritonkit.backend_utils import ArenaRelease, error_response, ort_metrics, param, session_options
+from tritonkit.backend_utils import error_response, ort_metrics, param
 from tritonkit.batching import length_buckets
+from tritonkit.errors import ConfigError
+from tritonkit.serving.runtimes import open_runner
 
 
 def _error(message: str, client: bool = True):
@@ -46,13 +48,16 @@ class TritonPythonModel:
             )
         packed = packing.packed_path(onnx_path)
         self.packed = packed.exists()
-        self.session = ort.InferenceSession(
-            str(packed if self.packed else onnx_path), session_options(config), providers=["CPUExecutionProvider"]
-        )
+        try:
+            self.session = open_runner(param(config, "runtime", "onnxruntime"), packed if self.packed else onnx_path,
+                                       config)
+        except ConfigError as err:
+            raise pb_utils.TritonModelException(str(err)) from None
         if self.packed:
-            self.pooling = self.session.get_modelmeta().custom_metadata_map[packing.META_POOLING]
+            self.pooling = self.session.metadata[packing.META_POOLING]
             self.row_tokens = int(param(config, "packed_row_tokens", str(packing.ROW_TOKENS)))
-        pb_utils.Logger.log_info(f"{self.name}: {'packed batches from ' + packed.name if self.packed else 'buckets'}")
+        pb_utils.Logger.log_info(f"{self.name}: {self.session.describe()}, "
+                                 f"{'packed batches from ' + packed.name if self.packed else 'buckets'}")
         self.dim = int(pb_utils.get_output_config_by_name(config, "embedding")["dims"][-1])
         # Unset: one run padded to the longest text of the execute().
         max_padding = param(config, "ragged_max_padding")
@@ -60,33 +65,34 @@ class TritonPythonModel:
         labels = {"model": self.name, "version": str(args["model_version"])}
         # Same counters as backends/onnxruntime, so dashboards and benchmarks read padding waste alike.
         self._families, self._metrics = ort_metrics(pb_utils, labels)
-        self.arena = ArenaRelease(config)
+        for _ in range(int(param(config, "warmup_runs", "2"))):  # lazy kernel set-up before the first request
+            self._embed(self.tok.encode([["warm-up text", "a second, longer warm-up text"]])[0].encodings,
+                        count=False)
+            self._metrics["warmup_runs"].increment(1)
 
-    def _embed(self, encodings: list) -> np.ndarray:
+    def _embed(self, encodings: list, count: bool = True) -> np.ndarray:
+        """Embeddings of `encodings` in one packed run (or length buckets); `count=False` leaves the counters be."""
         if self.packed:
             # Pad slots are masked out of every text, so any valid id will do (textproc.pad uses 0 too).
             feeds = packing.pack([np.asarray(e.ids, np.int64) for e in encodings], self.row_tokens, self.pooling)
-            results, released = self.arena.run(self.session, ["embedding"], feeds, len(encodings))
-            tokens = sum(len(e.ids) for e in encodings)
+            results, released = self.session.run(["embedding"], feeds, len(encodings))
+            runs, fed, useful, out = 1, feeds["input_ids"].size, sum(len(e.ids) for e in encodings), results[0]
+        else:
+            lengths = [len(e.ids) for e in encodings]
+            buckets = length_buckets(lengths, None, self.max_padding)
+            out = np.empty((len(lengths), self.dim), dtype=np.float32)
+            runs, fed, useful, released = len(buckets), 0, 2 * sum(lengths), False
+            for rows in buckets:
+                ids, mask = textproc.pad([encodings[i] for i in rows])
+                results, freed = self.session.run(["embedding"], {"input_ids": ids, "attention_mask": mask}, len(rows))
+                out[rows] = results[0]
+                released |= freed
+                fed += 2 * ids.size
+        if count:
             self._metrics["arena_releases"].increment(int(released))
-            self._metrics["session_runs"].increment(1)
-            self._metrics["input_elements"].increment(feeds["input_ids"].size)
-            self._metrics["padding_elements"].increment(feeds["input_ids"].size - tokens)
-            return results[0]
-        lengths = [len(e.ids) for e in encodings]
-        runs = length_buckets(lengths, None, self.max_padding)
-        out = np.empty((len(lengths), self.dim), dtype=np.float32)
-        fed = 0
-        for rows in runs:
-            ids, mask = textproc.pad([encodings[i] for i in rows])
-            feeds = {"input_ids": ids, "attention_mask": mask}
-            results, released = self.arena.run(self.session, ["embedding"], feeds, len(rows))
-            out[rows] = results[0]
-            self._metrics["arena_releases"].increment(int(released))
-            fed += 2 * ids.size
-        self._metrics["session_runs"].increment(len(runs))
-        self._metrics["input_elements"].increment(fed)
-        self._metrics["padding_elements"].increment(fed - 2 * sum(lengths))
+            self._metrics["session_runs"].increment(runs)
+            self._metrics["input_elements"].increment(fed)
+            self._metrics["padding_elements"].increment(fed - useful)
         return out
 
     def execute(self, requests):

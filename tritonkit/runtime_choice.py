@@ -1,0 +1,232 @@
+"""Which CPU runtime serves each built ONNX file, chosen by measurement (`make build` runs it after INT8).
+
+For every served file of a spec (the INT8 and FP32 models; a text encoder's packed form where the build wrote one,
+since that is what the backend runs), each runtime of tritonkit.serving.runtimes is timed at the kind's served
+batch sizes with the served threads per instance, runs interleaved, median of repeats. The faster runtime serves
+only if the spec's accuracy gates hold on it too, against the FP32 graph under ONNX Runtime on the test split
+(INT8 kernels differ by runtime as they do by CPU); otherwise ONNX Runtime serves, and the report says why.
+
+The choice is committed per CPU INT8 class (envinfo.int8_class) in models/<name>.runtime.json, with the numbers,
+both runtimes' versions and the CPU that measured them; the generator names the chosen runtime in the model's
+config (`backend: "openvino"` or `"onnxruntime"`). A class without an entry borrows a measured one, as INT8
+recipes do; `python -m tritonkit.build <name> --choose-runtime` re-measures this machine's class.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tritonkit import envinfo, paths
+from tritonkit.serving import runtimes
+
+DEFAULT = "onnxruntime"
+# What a served file can run as: runtime and the config parameters that select it. bf16 only for files judged by
+# accuracy gates (the INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
+VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "onnxruntime": ("onnxruntime", ()),
+    "openvino": ("openvino", ()),
+    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"),)),
+}
+# OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend.
+MIN_GAIN = 1.05
+
+
+def choice_path(kind) -> Path:
+    return kind.spec.file.with_name(f"{kind.NAME}.runtime.json")
+
+
+def load(kind) -> dict:
+    path = choice_path(kind)
+    return json.loads(path.read_text()) if path.exists() else {"classes": {}}
+
+
+def entry(kind, cpu_class: str | None = None) -> tuple[str | None, dict]:
+    """(class, entry) for this CPU's class, else the first measured class (borrowed), else (None, {})."""
+    classes = load(kind)["classes"]
+    cpu_class = cpu_class or envinfo.int8_class()
+    if cpu_class in classes:
+        return cpu_class, classes[cpu_class]
+    for other in sorted(classes):
+        return other, classes[other]
+    return None, {}
+
+
+def runtime_for(kind, model: str) -> str:
+    """The runtime `model` (a served model of this spec) is configured with."""
+    return VARIANTS[variant_for(kind, model)][0]
+
+
+def variant_for(kind, model: str) -> str:
+    return entry(kind)[1].get("models", {}).get(model, {}).get("runtime", DEFAULT)
+
+
+def parameters_for(kind, model: str) -> dict[str, str]:
+    """The config parameters the chosen variant adds (OpenVINO's bf16 hint, by its native name)."""
+    return dict(VARIANTS[variant_for(kind, model)][1])
+
+
+def _has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    try:
+        flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+def served_file(path: Path) -> Path:
+    """What the backend runs for `path`: its packed form where the build wrote one."""
+    from tritonkit import packing
+
+    packed = packing.packed_path(path)
+    return packed if packed.exists() else path
+
+
+def _output(kind) -> str:
+    return getattr(kind, "OUTPUT", None) or kind.OUTPUTS[0]
+
+
+class _Session:
+    """An onnxruntime-style `run(names, feeds)` over a runner, for the kinds' evaluation helpers."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def run(self, names, feeds, *_):
+        feeds = {k: v for k, v in feeds.items() if k in self.runner.input_names}
+        return self.runner.run(list(names), feeds, len(next(iter(feeds.values()))))[0]
+
+
+def _config(threads: int, variant: str = DEFAULT) -> dict:
+    params = {"intra_op_thread_count": str(threads), "INFERENCE_NUM_THREADS": str(threads),
+              "arena_release_batch": "0", **dict(VARIANTS[variant][1])}
+    return {"name": "runtime-choice", "parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+def _open(variant: str, path: Path, threads: int) -> _Session:
+    return _Session(runtimes.open_runner(VARIANTS[variant][0], path, _config(threads, variant)))
+
+
+def _feeds(kind, path: Path, batch: int) -> dict[str, np.ndarray]:
+    from tritonkit import data
+
+    if path.name.endswith(".packed.onnx"):
+        return kind.packed_feeds(data.split("benchmark")[:batch])
+    return kind.speed_feeds(batch)
+
+
+def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05
+                  ) -> dict[str, dict[str, float]]:
+    """{variant: {"batch<n>": items/s}}: runs interleaved across variants, each sample looped to `min_sample_s`,
+    median of `repeats`."""
+    runners = {v: _open(v, path, threads) for v in variants}
+    out: dict[str, dict[str, float]] = {rt: {} for rt in runners}
+    for batch in batches:
+        feeds = _feeds(kind, path, batch)
+        rows = len(next(iter(v for k, v in feeds.items() if k != "pool"))) if "pool" not in feeds else \
+            feeds["pool"].shape[0]
+        names = [_output(kind)]
+        loops = 1
+        for session in runners.values():
+            session.run(names, feeds)
+            t0 = time.perf_counter()
+            session.run(names, feeds)
+            loops = max(loops, int(min_sample_s / max(time.perf_counter() - t0, 1e-6)) + 1)
+        samples: dict[str, list[float]] = {rt: [] for rt in runners}
+        for _ in range(repeats):
+            for rt, session in runners.items():
+                t0 = time.perf_counter()
+                for _ in range(loops):
+                    session.run(names, feeds)
+                samples[rt].append(rows * loops / (time.perf_counter() - t0))
+        for rt in runners:
+            out[rt][f"batch{batch}"] = round(statistics.median(samples[rt]), 2)
+    return out
+
+
+def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[str, float]:
+    """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split."""
+    ref, got = _open(DEFAULT, fp32, threads), _open(variant, path, threads)
+    if path.name.endswith(".packed.onnx"):
+        from tritonkit import data
+
+        texts = data.eval_texts("test")
+        return kind.gate_metrics(kind.embed_onnx(ref, texts), kind.embed_packed(got, texts))
+    batches = kind.eval_batches("test")
+
+    def run(session) -> np.ndarray:
+        return np.concatenate([session.run([_output(kind)], b)[0] for b in batches])
+    return kind.gate_metrics(run(ref), run(got))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool) -> dict:
+    """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
+    variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
+    serves; otherwise ONNX Runtime."""
+    from tritonkit.search import Target, missed
+
+    s = kind.spec.serving
+    threads = s.model_threads if model == kind.INT8_MODEL else s.fp32_threads
+    file = served_file(path)
+    variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and _has_bf16() else [])
+    speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads)
+    # The geometric mean over the served batch sizes: no single batch size decides.
+    gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
+             for v in variants}
+    record = {"file": paths.rel(file), "sha256": _digest(path), "threads": threads, "items_per_s": speed,
+              "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {}}
+    # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates.
+    targets = kind.TARGETS if gated else [Target("cosine_min" if hasattr(kind, "DIM") else "top1_agreement", ">=",
+                                                 kind.EXPORT.tolerance if hasattr(kind, "DIM") else 0.995)]
+    runtime, reason = DEFAULT, "no other variant is faster by the needed margin"
+    for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
+        if gains[variant] < MIN_GAIN:
+            reason = f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch"
+            break
+        metrics = accuracy(kind, file, fp32, variant, threads)
+        record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
+        problems = missed(targets, metrics)
+        if not problems:
+            runtime, reason = variant, f"{variant} {gains[variant]:.2f}x; {'gates' if gated else 'FP32'} hold on it"
+            break
+        reason = f"{variant} {gains[variant]:.2f}x but misses: {'; '.join(problems)}"
+    record.update(runtime=runtime, reason=reason)
+    return record
+
+
+def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) -> dict:
+    """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
+    returns this class's entry."""
+    data = load(kind)
+    cpu_class = envinfo.int8_class()
+    current = data["classes"].get(cpu_class, {})
+    files = {kind.FP32_MODEL: (fp32, False)}
+    if int8 is not None and int8.exists():
+        files[kind.INT8_MODEL] = (int8, True)
+    records = dict(current.get("models", {}))
+    for model, (path, gated) in files.items():
+        old = records.get(model)
+        if not force and old and old.get("sha256") == _digest(path) and old.get("file") == paths.rel(served_file(path)):
+            log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
+            continue
+        log(f"{kind.NAME}: timing {paths.rel(served_file(path))} on {', '.join(runtimes.RUNTIMES)}")
+        records[model] = choose_model(kind, model, path, fp32, gated)
+        log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
+    if records != current.get("models"):
+        data["classes"][cpu_class] = {
+            "models": records, "versions": runtimes.versions(), "cpu": envinfo.cpu_model(),
+            "date": datetime.date.today().isoformat(),
+            "command": f"python -m tritonkit.build {kind.NAME} --choose-runtime"}
+        choice_path(kind).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        log(f"{kind.NAME}: wrote {paths.rel(choice_path(kind))} ({cpu_class})")
+    return data["classes"][cpu_class]

@@ -1,0 +1,177 @@
+"""The CPU runtimes a served ONNX file runs on, behind one small interface: `open_runner(runtime, path, config)`.
+
+    runner = open_runner("openvino", Path("model.onnx"), config)   # config: the model's config as a dict
+    outputs, released = runner.run(["embedding"], feeds, rows)
+
+Both read the file as built (FP32, explicit Q/DQ INT8, the packed graphs); neither converts it on disk. Thread
+settings come from the model's config `parameters` under the names the native backend of that runtime reads:
+ONNX Runtime's `intra_op_thread_count`/`inter_op_thread_count` (tritonkit.backend_utils.session_options) and
+OpenVINO's `INFERENCE_NUM_THREADS`, `NUM_STREAMS`, `PERFORMANCE_HINT`, `COMPILATION_NUM_THREADS`, `HINT_BF16`
+(validated as openvino_backend/src/openvino.cc ModelState::ParseParameterHelper does). Heavy imports are lazy, so
+this module imports anywhere (tests, the build's timing) and inside a Triton stub alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from tritonkit.backend_utils import ArenaRelease, instance_count, param, session_options, usable_cpus
+from tritonkit.errors import ConfigError
+
+RUNTIMES = ("onnxruntime", "openvino")
+# Threads per instance, under the name each runtime's native Triton backend reads.
+THREAD_PARAMETER = {"onnxruntime": "intra_op_thread_count", "openvino": "INFERENCE_NUM_THREADS"}
+# OpenVINO parameters the native backend accepts, with the defaults we serve with when a config leaves them out.
+OPENVINO_PARAMETERS = ("INFERENCE_NUM_THREADS", "COMPILATION_NUM_THREADS", "HINT_BF16", "NUM_STREAMS",
+                       "PERFORMANCE_HINT")
+
+
+@functools.cache
+def openvino_core():
+    """One OpenVINO Core per process: it owns the plugin and its thread pools, shared by every compiled model."""
+    import openvino as ov
+
+    return ov.Core()
+
+
+def openvino_properties(config: dict) -> dict[str, object]:
+    """compile_model properties from a config's parameters, each validated as the native backend does; a bad
+    value raises ConfigError naming the parameter."""
+    name = config.get("name", "?")
+    threads = param(config, "INFERENCE_NUM_THREADS", str(max(1, usable_cpus() // instance_count(config))))
+    props: dict[str, object] = {
+        # Several stub processes share the cores; OpenVINO's pinning would put each process's threads on core 0.
+        "ENABLE_CPU_PINNING": False,
+        "NUM_STREAMS": "1",
+        "PERFORMANCE_HINT": "LATENCY",
+        # OpenVINO runs float graphs in bf16 on CPUs that have it; a file built as FP32 is served as FP32
+        # unless the config opts in with HINT_BF16.
+        "INFERENCE_PRECISION_HINT": "f32",
+    }
+    for key, value in (("INFERENCE_NUM_THREADS", threads),
+                       ("COMPILATION_NUM_THREADS", param(config, "COMPILATION_NUM_THREADS")),
+                       ("HINT_BF16", param(config, "HINT_BF16")),
+                       ("NUM_STREAMS", param(config, "NUM_STREAMS")),
+                       ("PERFORMANCE_HINT", param(config, "PERFORMANCE_HINT"))):
+        if value is None:
+            continue
+        low = value.strip().lower()
+        if key.endswith("_THREADS"):
+            if not low.isdigit():
+                raise ConfigError(name, f"parameters.{key}", f"expected a non-negative number, got {value!r}")
+            props[key] = int(low)
+        elif key == "HINT_BF16":
+            if low != "yes":
+                raise ConfigError(name, f"parameters.{key}", f"expected YES, got {value!r}")
+            props["INFERENCE_PRECISION_HINT"] = "bf16"
+        elif key == "NUM_STREAMS":
+            if low not in ("auto", "numa") and not low.isdigit():
+                raise ConfigError(name, f"parameters.{key}", f"expected AUTO, NUMA or a number, got {value!r}")
+            props[key] = low.upper() if not low.isdigit() else low
+        else:
+            modes = ("latency", "throughput", "cumulative_throughput")
+            if low not in modes:
+                raise ConfigError(name, f"parameters.{key}", f"expected one of {[m.upper() for m in modes]}, "
+                                  f"got {value!r}")
+            props[key] = low.upper()
+    return props
+
+
+class OrtRunner:
+    """onnxruntime's CPU provider, with the arena handed back after bursts (backend_utils.ArenaRelease)."""
+
+    runtime = "onnxruntime"
+
+    def __init__(self, path: Path, config: dict):
+        import onnxruntime as ort
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+        self.options = session_options(config)
+        self.session = ort.InferenceSession(str(path), self.options, providers=["CPUExecutionProvider"])
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        # Each input's dims, None where the graph leaves them free.
+        self.input_shapes = {i.name: [d if isinstance(d, int) else None for d in i.shape]
+                             for i in self.session.get_inputs()}
+        self.metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.arena = ArenaRelease(config)
+        # onnxruntime's INVALID_ARGUMENT is about the feeds (type, rank, dims, index bounds): the request's fault.
+        self.client_errors: tuple[type[BaseException], ...] = (InvalidArgument,)
+
+    def describe(self) -> str:
+        return (f"onnxruntime {self.version()} threads intra_op={self.options.intra_op_num_threads} "
+                f"inter_op={self.options.inter_op_num_threads}")
+
+    @staticmethod
+    def version() -> str:
+        import onnxruntime as ort
+
+        return ort.__version__
+
+    def run(self, outputs: list[str], feeds: dict, rows: int) -> tuple[list, bool]:
+        return self.arena.run(self.session, outputs, feeds, rows)
+
+
+class OpenVinoRunner:
+    """OpenVINO's CPU plugin reading the .onnx directly; one infer request per runner, reused across calls.
+
+    Output arrays are copied out of the request's tensors, which the next call overwrites."""
+
+    runtime = "openvino"
+
+    def __init__(self, path: Path, config: dict):
+        import onnx
+
+        core = openvino_core()
+        self.properties = openvino_properties(config)
+        self.compiled = core.compile_model(str(path), "CPU", self.properties)
+        self.request = self.compiled.create_infer_request()
+        self.input_names = {name for port in self.compiled.inputs for name in port.get_names()}
+        self.input_shapes = {name: [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
+                             for port in self.compiled.inputs for name in port.get_names()}
+        # OpenVINO drops ONNX metadata_props; the packed pooling and fallback marks live there.
+        meta = onnx.load(str(path), load_external_data=False).metadata_props
+        self.metadata = {p.key: p.value for p in meta}
+        self.client_errors = ()
+        # Only onnxruntime keeps an arena to release; the counter stays 0 here.
+        self.arena = None
+
+    def describe(self) -> str:
+        threads = self.compiled.get_property("INFERENCE_NUM_THREADS")
+        streams = self.compiled.get_property("NUM_STREAMS")
+        precision = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        return (f"openvino {self.version()} INFERENCE_NUM_THREADS={threads} NUM_STREAMS={streams} "
+                f"precision={precision}")
+
+    @staticmethod
+    def version() -> str:
+        import openvino as ov
+
+        return ov.get_version().split("-")[0]
+
+    def run(self, outputs: list[str], feeds: dict, rows: int) -> tuple[list, bool]:
+        self.request.infer(feeds, share_inputs=True)
+        return [self.request.get_tensor(name).data.copy() for name in outputs], False
+
+
+def runner_class(runtime: str):
+    try:
+        return {"onnxruntime": OrtRunner, "openvino": OpenVinoRunner}[runtime]
+    except KeyError:
+        raise ConfigError("?", "runtime", f"{runtime!r} is not one of {RUNTIMES}") from None
+
+
+def open_runner(runtime: str, path: Path, config: dict):
+    """A runner for `path` on `runtime` ("onnxruntime" | "openvino"), configured by `config`'s parameters."""
+    return runner_class(runtime)(Path(path), config)
+
+
+def versions() -> dict[str, str]:
+    """Each runtime's version as installed here, for every report that records speed or accuracy."""
+    out = {}
+    for runtime in RUNTIMES:
+        try:
+            out[runtime] = runner_class(runtime).version()
+        except ImportError:
+            out[runtime] = "not installed"
+    return out
