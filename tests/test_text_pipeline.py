@@ -82,11 +82,14 @@ def test_batching_noise_is_bounded(server, model, bound):
 
 
 def test_int8_ensemble_is_the_offline_int8_model_and_meets_the_gate(server):
+    from tritonkit import runtime_choice
     from tritonkit.models import minilm
 
     texts = _texts_of_mixed_lengths()
-    sess = minilm.session(ensure_text_built().int8)
-    offline = np.concatenate([sess.run(["embedding"], minilm.encode([t]))[0] for t in texts])
+    # The file the encoder serves (its packed form), on the runtime and precision its config names.
+    served = runtime_choice.served_file(ensure_text_built().int8)
+    sess = runtime_choice.served_session(minilm, minilm.INT8_MODEL, served)
+    offline = np.concatenate([minilm.embed_packed(sess, [t]) for t in texts])
     # One at a time a text fills its packed row alone, so the served graph must be the offline one exactly.
     alone = _one_at_a_time(server.http_url, "text_embedding", texts)
     noise = 1.0 - row_metric("cosine", alone, offline)
@@ -126,7 +129,8 @@ def test_batch_of_texts_in_one_request_and_all_clients_agree(server):
     aio_http = asyncio.run(embed_async(texts, url=server.http_url, batch_size=3, concurrency=4))
     aio_grpc = asyncio.run(embed_async(texts, url=server.grpc_url, protocol="grpc", batch_size=5))
     for other in (grpc, aio_http, aio_grpc):
-        assert row_metric("cosine", other.vectors, http.vectors).min() > 0.9999
+        # INT8 ensemble: batch-mates move a text by up to the measured packing noise.
+        assert row_metric("cosine", other.vectors, http.vectors).min() > 1 - INT8_PACKING_NOISE
         assert (other.num_tokens == http.num_tokens).all() and (other.truncated == http.truncated).all()
 
 

@@ -72,6 +72,13 @@ def parameters_for(kind, model: str) -> dict[str, str]:
     return dict(VARIANTS[variant_for(kind, model)][1])
 
 
+def served_session(kind, model: str, path: Path):
+    """`path` opened as `model`'s config serves it (its runtime, precision and threads), with an
+    onnxruntime-style `run(names, feeds)`: the offline twin of what the server runs."""
+    s = kind.spec.serving
+    return _open(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads)
+
+
 def _has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     try:
         flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split()
