@@ -17,7 +17,7 @@ Text variants (the encoder's config):
   delay_2000   the encoder's dynamic batcher waiting up to 2000 us for more requests (the earlier default)
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
   fused_delay_500, fused_delay_1000  the fused model's dynamic batcher waiting up to 500 / 1000 us
-  instances_1x2  one encoder instance of two ORT threads (bigger batches, one copy of the weights read per run)
+  instances_1x2  one encoder instance of two threads (bigger batches, one copy of the weights read per run)
   onnxruntime, openvino, fused_onnxruntime, fused_openvino  the encoder (ensemble or fused) on that runtime
 Image variants (the classifier's config):
   generated    as generated
@@ -56,7 +56,8 @@ def _edit_delay(microseconds: int):
 def _edit_instances(count: int, threads: int):
     def edit(cfg: mc.ModelConfig) -> None:
         cfg.instance_group[0].count = count
-        cfg.parameters["intra_op_thread_count"].string_value = str(threads)
+        runtime = cfg.parameters["runtime"].string_value if cfg.backend == "python" else cfg.backend
+        cfg.parameters[THREAD_PARAMETER.get(runtime, "intra_op_thread_count")].string_value = str(threads)
     return edit
 
 
@@ -79,7 +80,8 @@ def _edit_runtime(runtime: str):
 
 FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
 VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay(2000), FUSED: None,
-                      "instances_1x2": _edit_instances(1, 2), "fused_delay_500": _edit_delay(500),
+                      "instances_1x2": _edit_instances(1, 2), "fused_instances_1x2": _edit_instances(1, 2),
+                      "fused_delay_500": _edit_delay(500),
                       "fused_delay_1000": _edit_delay(1000), "onnxruntime": _edit_runtime("onnxruntime"),
                       "openvino": _edit_runtime("openvino"), "fused_onnxruntime": _edit_runtime("onnxruntime"),
                       "fused_openvino": _edit_runtime("openvino")},

@@ -92,8 +92,13 @@ def test_embedded_repository_is_refused_by_the_native_backend_as_it_stands(tmp_p
     repo = _subset(tmp_path, _built_models())
     assert native_check.check_repository(repo, "embedded", TARGET_TRT) == []
     refused = native_check.check_repository(repo, "ngc-gpu", TARGET_TRT)
-    encoders = ("text_encoder", "text_encoder_fp32")
-    assert {(v.rule, v.model) for v in refused} == {("ort.ragged_input", m) for m in encoders}
+    # Each encoder is refused by the rules of the backend its config names (the build's runtime choice).
+    configs = native_check.load_repository(repo)
+    expected = set()
+    for m in ("text_encoder", "text_encoder_fp32"):
+        rules = ("ov.ragged_input", "ov.fixed_batch") if configs[m].backend == "openvino" else ("ort.ragged_input",)
+        expected |= {(rule, m) for rule in rules}
+    assert {(v.rule, v.model) for v in refused} == expected
 
 
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
@@ -142,7 +147,7 @@ def _openvino_repository(root: Path) -> Path:
     linear_model(root / "ov_fixed" / "1" / "model.onnx")
     ours = ("packed_model", "model.packed.onnx"), ("packed_row_tokens", "128"), ("pad_value.TOKENS", "0"), \
         ("ragged_max_padding", "0.25"), ("tritonkit_precision", "int8"), ("PERFORMANCE_HINT", "LATENCY"), \
-        ("INFERENCE_NUM_THREADS", "3")
+        ("INFERENCE_NUM_THREADS", "3"), ("HINT_BF16", "YES")  # bf16: what keeps a model on native openvino
     params = "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in ours)
     text = ('name: "ov_text"\nbackend: "openvino"\nmax_batch_size: 8\n'
             'input [ { name: "TOKENS" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]\n'
@@ -161,7 +166,8 @@ def _openvino_repository(root: Path) -> Path:
         '{ name: "BATCH" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'instance_group [ { count: 1 kind: KIND_CPU } ]\ndynamic_batching { max_queue_delay_microseconds: 500 }\n'
         'parameters { key: "tritonkit_precision" value { string_value: "fp32" } }\n'
-        'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "2" } }\n')
+        'parameters { key: "INFERENCE_NUM_THREADS" value { string_value: "2" } }\n'
+        'parameters { key: "HINT_BF16" value { string_value: "YES" } }\n')
     (root / "pipe").mkdir()
     (root / "pipe" / "1").mkdir()
     (root / "pipe" / "config.pbtxt").write_text(
@@ -239,3 +245,24 @@ def test_openvino_fixes_a_batching_model_at_max_batch_size(tmp_path):
         out = native.infer({"TOKENS": np.ones((rows, length), np.float32)})
         seen = out["SEEN_LEN"]
         assert seen.shape == (rows, 1) and (seen == length).all()
+
+
+def test_ngc_views_keep_openvino_only_where_bf16_is_asked_for():
+    """Native openvino cannot be held to f32 on a BF16 CPU, so an f32 openvino config is served by native ONNX
+    Runtime in the NGC views; one that asks for bf16 (HINT_BF16) stays on native openvino."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from tritonkit.repo_variants import f32_on_onnxruntime
+
+    def config(**params: str) -> mc.ModelConfig:
+        cfg = mc.ModelConfig(name="enc", backend="openvino", default_model_filename="model.onnx")
+        for key, value in {"INFERENCE_NUM_THREADS": "1", "packed_width_multiple": "16", **params}.items():
+            cfg.parameters[key].string_value = value
+        return cfg
+
+    f32 = config()
+    assert f32_on_onnxruntime(f32)
+    assert f32.backend == "onnxruntime" and not f32.default_model_filename
+    assert f32.parameters["intra_op_thread_count"].string_value == "1" and "INFERENCE_NUM_THREADS" not in f32.parameters
+    bf16 = config(HINT_BF16="YES")
+    assert not f32_on_onnxruntime(bf16) and bf16.backend == "openvino"

@@ -89,7 +89,9 @@ def test_int8_ensemble_is_the_offline_int8_model_and_meets_the_gate(server):
     # The file the encoder serves (its packed form), on the runtime and precision its config names.
     served = runtime_choice.served_file(ensure_text_built().int8)
     sess = runtime_choice.served_session(minilm, minilm.INT8_MODEL, served)
-    offline = np.concatenate([minilm.embed_packed(sess, [t]) for t in texts])
+    wide = runtime_choice.width_multiple(minilm, minilm.INT8_MODEL)  # the row-width bucket the backend packs to
+    offline = np.concatenate([sess.run(["embedding"], minilm.packed_feeds([t], width_multiple=wide))[0][:1]
+                              for t in texts])
     # One at a time a text fills its packed row alone, so the served graph must be the offline one exactly.
     alone = _one_at_a_time(server.http_url, "text_embedding", texts)
     noise = 1.0 - row_metric("cosine", alone, offline)

@@ -3,8 +3,9 @@
 - text: sentence-transformers FP32 (the model's own library), one text per call from N threads, N texts per call
   from one caller, and at its best batch size; its own ONNX qint8 export (tritonkit.peers, in its own venv);
 - image: the naive first attempt: plain PIL decode + resize + crop per image, torch FP32 at batch 32;
-- the in-process ceiling: our own built ONNX models (INT8 as served, and FP32) in ONNX Runtime on all cores, fed
-  like the server feeds them (the model's tokenizer.json via `tokenizers`, length-sorted batches of 32; Pillow
+- the in-process ceiling: our own built ONNX models (INT8 as served, and FP32) on the runtime their config names
+  (tritonkit.runtime_choice), all cores, fed like the server feeds them (the model's tokenizer.json via
+  `tokenizers`, length-sorted batches of 32; Pillow
   decode + the project's preprocessing, batches of 32), with no server in between.
 
 Benchmarks, the perf lab and the CI ratio gate all compare against these, so a ratio means the same everywhere.
@@ -114,33 +115,43 @@ def _precision_label(kind, precision: str) -> str:
     return int8.served_label(kind.NAME) if precision == "int8" else precision.upper()
 
 
+def _served_session(kind, model: str, precision: str):
+    """Our built file on the runtime and precision its served config names (tritonkit.runtime_choice), all
+    cores: (session, variant)."""
+    from tritonkit import runtime_choice
+
+    name = {"int8": kind.INT8_MODEL, "fp32": kind.FP32_MODEL}[precision]
+    variant = runtime_choice.variant_for(kind, name)
+    return runtime_choice.open_variant(variant, onnx_file(model, precision), usable_cpus()), variant
+
+
 def onnx_text(texts: Sequence[str], seconds: float, model: str = "text_embedding", precision: str = "int8",
               batch: int = ONNX_BATCH) -> PerfPoint:
-    """Our own built encoder in ONNX Runtime (all cores), one caller: tokenize (tokenizer.json) + pad + run per
+    """Our own built encoder on its served runtime (all cores), one caller: tokenize (tokenizer.json) + pad + run per
     batch of `batch` texts, the texts sorted by token count so padding stays minimal."""
     from tritonkit import kinds
     from tritonkit.kinds.text import OUTPUT
 
     kind = kinds.get(model)
-    sess = kind.session(onnx_file(model, precision), threads=usable_cpus())
+    sess, runtime = _served_session(kind, model, precision)
     tok = kind.load_tokenizer()
     lengths = [len(e.ids) for e in tok.encode_batch(list(texts))]
     ordered = [t for _, t in sorted(zip(lengths, texts, strict=True), key=lambda x: x[0])]
     batches = [ordered[i : i + batch] for i in range(0, len(ordered) - batch + 1, batch)]
     return time_in_process(lambda b: sess.run([OUTPUT], kind.encode(b)), batches, 1, duration_s=seconds,
                            warmup=2, items_per_call=batch,
-                           label=f"tritonkit {_precision_label(kind, precision)} ONNX in-process (ORT, sorted "
-                                 f"batches of {batch})")
+                           label=f"tritonkit {_precision_label(kind, precision)} ONNX in-process ({runtime}, "
+                                 f"sorted batches of {batch})")
 
 
 def onnx_image(images: Sequence[bytes], seconds: float, model: str = "image_classification",
                precision: str = "int8", batch: int = IMAGE_BATCH) -> PerfPoint:
     """Pillow decode + the project's preprocessing (tritonkit.imaging, what the served preprocessor runs) + our
-    own built classifier in ONNX Runtime (all cores), one caller, `batch` images per call."""
+    own built classifier on its served runtime (all cores), one caller, `batch` images per call."""
     from tritonkit import imaging, kinds
 
     kind = kinds.get(model)
-    sess = kind.session(onnx_file(model, precision), threads=usable_cpus())
+    sess, runtime = _served_session(kind, model, precision)
     batches = [[images[(i + j) % len(images)] for j in range(batch)] for i in range(len(images))]
 
     def run(b: list[bytes]):
@@ -148,4 +159,4 @@ def onnx_image(images: Sequence[bytes], seconds: float, model: str = "image_clas
 
     return time_in_process(run, batches, 1, duration_s=seconds, warmup=1, items_per_call=batch,
                            label=f"Pillow + tritonkit preprocessing + {_precision_label(kind, precision)} ONNX "
-                                 f"in-process (batch {batch})")
+                                 f"in-process ({runtime}, batch {batch})")

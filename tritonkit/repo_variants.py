@@ -233,6 +233,25 @@ def native_onnxruntime(cfg: mc.ModelConfig) -> None:
         del cfg.parameters[key]
 
 
+def f32_on_onnxruntime(cfg: mc.ModelConfig) -> bool:
+    """An openvino config that must compute in f32 (no HINT_BF16) moves to native ONNX Runtime: the native openvino
+    backend has no parameter that keeps OpenVINO from its bf16 default on BF16 CPUs (ParseParameterHelper knows
+    only HINT_BF16=YES), while our embedded backend pins f32. True when it moved."""
+    from tritonkit.native_check import OPENVINO_PARAMETERS
+    from tritonkit.serving.runtimes import THREAD_PARAMETER
+
+    if cfg.backend != "openvino" or cfg.parameters.get("HINT_BF16", mc.ModelParameter()).string_value.upper() == "YES":
+        return False
+    threads = cfg.parameters.get(THREAD_PARAMETER["openvino"])
+    for key in [k for k in cfg.parameters if k in OPENVINO_PARAMETERS]:
+        del cfg.parameters[key]
+    if threads is not None and threads.string_value:
+        cfg.parameters[THREAD_PARAMETER["onnxruntime"]].string_value = threads.string_value
+    cfg.backend = "onnxruntime"
+    cfg.ClearField("default_model_filename")
+    return True
+
+
 def native_openvino(cfg: mc.ModelConfig) -> None:
     """Native openvino form: that backend compiles a batching model at exactly max_batch_size rows and pads only
     fixed shapes, so ragged, variable-length batches are served non-batching (one request per run, own shape)."""
@@ -296,7 +315,7 @@ def ngc_view(dest: Path = NGC_REPOSITORY, source: Path = paths.MODEL_REPOSITORY,
         for path in config_files:
             edited = parse_config(path.read_text(), name)
             edited.name = edited.name or name
-            if native_check.is_onnxruntime(edited):
+            if f32_on_onnxruntime(edited) or native_check.is_onnxruntime(edited):
                 native_onnxruntime(edited)
             elif native_check.is_openvino(edited):
                 native_openvino(edited)

@@ -31,9 +31,12 @@ DEFAULT = "onnxruntime"
 # accuracy gates (the INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
 VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "onnxruntime": ("onnxruntime", ()),
-    "openvino": ("openvino", ()),
-    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"),)),
+    "openvino": ("openvino", (("packed_width_multiple", "16"),)),
+    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"), ("packed_width_multiple", "16"))),
 }
+# Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
+# kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
+MIXES = 24
 # OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend.
 MIN_GAIN = 1.05
 
@@ -43,6 +46,9 @@ def choice_path(kind) -> Path:
 
 
 def load(kind) -> dict:
+    """The committed choices; none for a spec that lives in no file (made in memory, e.g. by tests)."""
+    if kind.spec.file is None:
+        return {"classes": {}}
     path = choice_path(kind)
     return json.loads(path.read_text()) if path.exists() else {"classes": {}}
 
@@ -76,7 +82,12 @@ def served_session(kind, model: str, path: Path):
     """`path` opened as `model`'s config serves it (its runtime, precision and threads), with an
     onnxruntime-style `run(names, feeds)`: the offline twin of what the server runs."""
     s = kind.spec.serving
-    return _open(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads)
+    return open_variant(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads)
+
+
+def width_multiple(kind, model: str) -> int:
+    """The packed row-width bucket `model`'s backend uses (1: none)."""
+    return int(parameters_for(kind, model).get("packed_width_multiple", "1"))
 
 
 def _has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -116,50 +127,56 @@ def _config(threads: int, variant: str = DEFAULT) -> dict:
     return {"name": "runtime-choice", "parameters": {k: {"string_value": v} for k, v in params.items()}}
 
 
-def _open(variant: str, path: Path, threads: int) -> _Session:
+def open_variant(variant: str, path: Path, threads: int) -> _Session:
     return _Session(runtimes.open_runner(VARIANTS[variant][0], path, _config(threads, variant)))
 
 
-def _feeds(kind, path: Path, batch: int) -> dict[str, np.ndarray]:
+def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndarray]]:
+    """MIXES batches of `batch` random benchmark texts (fixed seed), as the served backend would feed `variant`."""
     from tritonkit import data
 
+    texts = data.split("benchmark")
+    rng = np.random.default_rng(batch)
+    mixes = [[texts[int(j)] for j in rng.choice(len(texts), batch, replace=False)] for _ in range(MIXES)]
     if path.name.endswith(".packed.onnx"):
-        return kind.packed_feeds(data.split("benchmark")[:batch])
-    return kind.speed_feeds(batch)
+        multiple = int(dict(VARIANTS[variant][1]).get("packed_width_multiple", "1"))
+        return [kind.packed_feeds(m, width_multiple=multiple) for m in mixes]
+    if hasattr(kind, "encode"):
+        return [kind.encode(m) for m in mixes]
+    return [kind.speed_feeds(batch)]
 
 
 def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05
                   ) -> dict[str, dict[str, float]]:
     """{variant: {"batch<n>": items/s}}: runs interleaved across variants, each sample looped to `min_sample_s`,
     median of `repeats`."""
-    runners = {v: _open(v, path, threads) for v in variants}
-    out: dict[str, dict[str, float]] = {rt: {} for rt in runners}
+    runners = {v: open_variant(v, path, threads) for v in variants}
+    out: dict[str, dict[str, float]] = {v: {} for v in runners}
+    names = [_output(kind)]
     for batch in batches:
-        feeds = _feeds(kind, path, batch)
-        rows = len(next(iter(v for k, v in feeds.items() if k != "pool"))) if "pool" not in feeds else \
-            feeds["pool"].shape[0]
-        names = [_output(kind)]
-        loops = 1
-        for session in runners.values():
-            session.run(names, feeds)
-            t0 = time.perf_counter()
-            session.run(names, feeds)
-            loops = max(loops, int(min_sample_s / max(time.perf_counter() - t0, 1e-6)) + 1)
-        samples: dict[str, list[float]] = {rt: [] for rt in runners}
+        feeds = {v: _feeds(kind, path, batch, v) for v in runners}
+        for v, session in runners.items():  # every shape once before timing: the server's steady state
+            for f in feeds[v]:
+                session.run(names, f)
+        samples: dict[str, list[float]] = {v: [] for v in runners}
         for _ in range(repeats):
-            for rt, session in runners.items():
-                t0 = time.perf_counter()
-                for _ in range(loops):
-                    session.run(names, feeds)
-                samples[rt].append(rows * loops / (time.perf_counter() - t0))
-        for rt in runners:
-            out[rt][f"batch{batch}"] = round(statistics.median(samples[rt]), 2)
+            for v, session in runners.items():
+                t0, n = time.perf_counter(), 0
+                while True:
+                    for f in feeds[v]:
+                        session.run(names, f)
+                    n += 1
+                    if time.perf_counter() - t0 >= min_sample_s:
+                        break
+                samples[v].append(batch * len(feeds[v]) * n / (time.perf_counter() - t0))
+        for v in runners:
+            out[v][f"batch{batch}"] = round(statistics.median(samples[v]), 2)
     return out
 
 
 def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[str, float]:
     """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split."""
-    ref, got = _open(DEFAULT, fp32, threads), _open(variant, path, threads)
+    ref, got = open_variant(DEFAULT, fp32, threads), open_variant(variant, path, threads)
     if path.name.endswith(".packed.onnx"):
         from tritonkit import data
 
@@ -213,7 +230,9 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool) -> dict:
 
 def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) -> dict:
     """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
-    returns this class's entry."""
+    returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime)."""
+    if kind.spec.file is None:
+        return {}
     data = load(kind)
     cpu_class = envinfo.int8_class()
     current = data["classes"].get(cpu_class, {})

@@ -278,12 +278,14 @@ class TextEmbedding(Kind):
         tmp.replace(out)
         return out
 
-    def packed_feeds(self, texts: Sequence[str], balanced: bool = True) -> dict[str, np.ndarray]:
+    def packed_feeds(self, texts: Sequence[str], balanced: bool = True, width_multiple: int = 1
+                     ) -> dict[str, np.ndarray]:
         """`texts` tokenized and packed end to end (tritonkit.packing), as the served encoder runs them."""
         from tritonkit import packing
 
         ids = [np.asarray(e.ids, np.int64) for e in self._tokenizer(self.MAX_LENGTH).encode_batch(list(texts))]
-        return packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id, balanced)
+        return packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id, balanced,
+                            width_multiple=width_multiple, texts_pow2=width_multiple > 1)
 
     def embed_packed(self, sess, texts: Sequence[str], batch_size: int = PACKED_BATCH) -> np.ndarray:
         """Embeddings in the input order, `batch_size` texts per packed run in that (arrival) order."""

@@ -28,6 +28,10 @@ Config `parameters` (string values), same keys as the native backend where one e
                                                   no padding, one run; the config's inputs stay input_ids +
                                                   attention_mask. Absent file: length buckets, with a warning
   packed_row_tokens                               tokens per packed row (default tritonkit.packing.ROW_TOKENS)
+  packed_width_multiple                           round a packed run's row width up to a multiple of this (masked
+                                                  slots) and its text count to a power of two, when > 1: fewer
+                                                  distinct shapes for a runtime that prepares kernels per shape
+                                                  (OpenVINO; default 1)
   arena_release_batch                             onnxruntime: after a burst of runs above this many rows, give its
                                                   CPU arena back to the OS (tritonkit.backend_utils.ArenaRelease;
                                                   default max_batch_size // 4, "0": never)
@@ -116,6 +120,8 @@ class OnnxModel:
                 meta = self.packed.metadata
                 self.pooling = meta[packing.META_POOLING]
                 self.row_tokens = int(param(self.config, "packed_row_tokens", str(packing.ROW_TOKENS)))
+                self.width_multiple = int(param(self.config, "packed_width_multiple", "1"))
+                self.texts_pow2 = self.width_multiple > 1  # bucketed shapes: the text count too
                 self.pad_id = int(float(param(self.config, "pad_value.input_ids", "0")))
                 pb_utils.Logger.log_info(f"{self.name}: packed batches from {packed_name} ({self.pooling} pooling, "
                                          f"rows of {self.row_tokens} tokens)")
@@ -226,7 +232,8 @@ class OnnxModel:
                 if not keep.any():
                     raise _RequestError("input 'attention_mask': a text with no tokens (all zeros)")
                 texts.append(row[keep])
-        feeds = packing.pack(texts, self.row_tokens, self.pooling, self.pad_id)
+        feeds = packing.pack(texts, self.row_tokens, self.pooling, self.pad_id, width_multiple=self.width_multiple,
+                             texts_pow2=self.texts_pow2)
         tokens = sum(len(t) for t in texts)
         return feeds, feeds["input_ids"].size, feeds["input_ids"].size - tokens
 

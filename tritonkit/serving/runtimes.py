@@ -22,9 +22,6 @@ from tritonkit.errors import ConfigError
 RUNTIMES = ("onnxruntime", "openvino")
 # Threads per instance, under the name each runtime's native Triton backend reads.
 THREAD_PARAMETER = {"onnxruntime": "intra_op_thread_count", "openvino": "INFERENCE_NUM_THREADS"}
-# OpenVINO parameters the native backend accepts, with the defaults we serve with when a config leaves them out.
-OPENVINO_PARAMETERS = ("INFERENCE_NUM_THREADS", "COMPILATION_NUM_THREADS", "HINT_BF16", "NUM_STREAMS",
-                       "PERFORMANCE_HINT")
 
 
 @functools.cache
@@ -99,8 +96,8 @@ class OrtRunner:
         self.client_errors: tuple[type[BaseException], ...] = (InvalidArgument,)
 
     def describe(self) -> str:
-        return (f"onnxruntime {self.version()} threads intra_op={self.options.intra_op_num_threads} "
-                f"inter_op={self.options.inter_op_num_threads}")
+        return (f"onnxruntime threads intra_op={self.options.intra_op_num_threads} "
+                f"inter_op={self.options.inter_op_num_threads} (onnxruntime {self.version()})")
 
     @staticmethod
     def version() -> str:
