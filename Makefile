@@ -47,7 +47,7 @@ serve-docker: ## serve the generated NGC view (build/ngc_repository) in the NGC 
 perf: ## perf lab: sweeps + baselines → perf/results/<stamp>/ (CSV, JSON, MD, PNG); MODEL=name (default both first), QUICK=1
 	@$(PY) perf/lab.py $(if $(QUICK),--quick) $(if $(MODEL),--pipelines $(MODEL))
 
-perf-peers: ## perf lab with peer servers (Infinity) + sentence-transformers ONNX qint8, venvs under build/peers/; MODEL=name (default text), QUICK=1
+perf-peers: ## perf lab with peer servers (Infinity) + sentence-transformers ONNX qint8 / OpenVINO FP32 / OpenVINO INT8 (NNCF), venvs under build/peers/; MODEL=name (default text), QUICK=1
 	@$(PY) perf/lab.py --peers $(if $(QUICK),--quick) --pipelines $(or $(MODEL),text)
 
 tune: ## config search under a p99 budget: MODEL=text_embedding P99_MS=50 [PROFILE=tuned MINUTES=15]

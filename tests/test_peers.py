@@ -1,9 +1,12 @@
 """Peers and the perf lab's peer table: the one HTTP load generator against our real server (and Infinity when its
-venv is installed), the in-process ceiling, and the table's ratios."""
+venv is installed), sentence-transformers on OpenVINO FP32 and NNCF INT8 (when their venv is installed), the
+in-process ceiling, and the table's ratios."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import types
 
 import numpy as np
 import pytest
@@ -28,6 +31,7 @@ def test_peer_table_states_served_over_every_contender_and_tokens():
         "baseline": [_point("in-process INT8", 500.0, concurrency=1)],
         "skipped": [{"label": "TEI", "reason": "not installable"}],
         "mean_tokens": 12.5,
+        "ceiling": "in-process INT8",
     }
     rows = {r["label"]: r for r in lab.peer_table(pipe, result)}
     served = rows[f"{ensemble}, perf_analyzer"]
@@ -36,9 +40,12 @@ def test_peer_table_states_served_over_every_contender_and_tokens():
     assert rows["Infinity"]["served_http_x"] == pytest.approx(550 / 275)
     assert rows["in-process INT8"]["served_x"] == pytest.approx(600 / 500)
     assert rows["in-process INT8"]["tokens_per_s"] == pytest.approx(500 * 12.5)
+    assert rows["Infinity"]["ceiling_x"] == pytest.approx(500 / 275)
+    assert rows["in-process INT8"]["ceiling_x"] == pytest.approx(1.0)
     assert [r["where"] for r in rows.values()] == ["served", "server", "server", "in-process"]
     md = "\n".join(lab.peer_markdown(pipe, result))
-    assert "| Infinity | server | 16 | 275.0 | 3438 | 10.0 | 20.0 | 2.18× | 2.00× |" in md
+    assert "| Infinity | server | 16 | 275.0 | 3438 | 10.0 | 20.0 | 2.18× | 2.00× | 1.82× |" in md
+    assert "in-process INT8 ceiling ÷ it |" in md
     assert "skipped: TEI: not installable" in md
 
 
@@ -46,6 +53,14 @@ def test_a_missing_peer_venv_is_reported_not_installed(tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "PEERS_DIR", tmp_path)
     with pytest.raises(peers.PeerUnavailable, match="infinity: not installed"):
         peers.ensure("infinity", install=False)
+
+
+def test_openvino_int8_peer_needs_calibration_texts_apart_from_the_timed_ones():
+    kind = kinds.get(TEXT)
+    with pytest.raises(ValueError, match="calibration texts"):
+        peers.st_points(data.split("benchmark")[:32], kind.model_dir(), kind.MAX_LENGTH, "openvino-int8", [32], 0.1)
+    with pytest.raises(ValueError, match="unknown sentence-transformers variant"):
+        peers.st_points([], kind.model_dir(), kind.MAX_LENGTH, "openvino-fp16", [32], 0.1)
 
 
 def _built(model: str) -> None:
@@ -105,3 +120,62 @@ def test_infinity_serves_the_same_model_under_the_same_load_generator():
         assert float(got @ want) / float(np.linalg.norm(got)) > 0.98  # qint8 vs FP32, same model
         point = peers.http_point(inf, texts, concurrency=4, seconds=1.5)
     assert point.throughput > 10 and point.p50_ms <= point.p99_ms
+
+
+def _need_venv(name: str) -> None:
+    if not peers.installed(peers.ENVS[name]):
+        env = peers.ENVS[name]
+        reason = f"{name} venv not installed ({paths.rel(env.dir)}; python -m tritonkit.peers install {name})"
+        print(f"skipped: {reason}")
+        pytest.skip(reason)
+
+
+def _fake_quantize_ops(xml) -> int:
+    import openvino as ov
+
+    return sum(op.get_type_name() == "FakeQuantize" for op in ov.Core().read_model(xml).get_ops())
+
+
+@pytest.mark.slow
+def test_openvino_peers_embed_like_torch_fp32_and_int8_is_quantized(tmp_path):
+    """Both peers really run in their venv on a handful of texts: OpenVINO FP32 matches sentence-transformers' torch
+    FP32, the NNCF INT8 IR holds quantize ops, is calibrated on texts apart from the embedded ones and stays close."""
+    _need_venv("st-openvino")
+    kind = kinds.get(TEXT)
+    texts, calibration = data.split("benchmark")[:16], data.split("calibration")[:48]
+    want = kind.sentence_transformer().encode(texts, normalize_embeddings=True)
+    args = (texts, kind.model_dir(), kind.MAX_LENGTH)
+
+    label, fp32 = peers.st_embeddings(*args, "openvino-fp32", install=False, cache=tmp_path)
+    cos = (np.asarray(fp32, np.float32) * want).sum(1)
+    assert "OpenVINO" in label and "FP32" in label and float(cos.min()) >= 0.999, (label, cos)
+
+    label, int8 = peers.st_embeddings(*args, "openvino-int8", install=False, calibration=calibration, cache=tmp_path)
+    cos = (np.asarray(int8, np.float32) * want).sum(1)
+    assert "INT8" in label and "48 calibration texts" in label, label
+    assert float(cos.mean()) >= 0.98, cos
+    assert _fake_quantize_ops(tmp_path / peers.ST_OV_INT8_FILE) > 0
+    assert _fake_quantize_ops(tmp_path / peers.ST_OV_FP32_FILE) == 0
+    meta = json.loads((tmp_path / peers.ST_OV_INT8_META).read_text())
+    assert meta["calibration_texts"] == 48 and meta["quantize_s"] > 0
+
+
+@pytest.mark.slow
+def test_lab_lists_and_times_the_openvino_peers_beside_the_others():
+    """The lab's text contenders with --peers hold both OpenVINO peers (batch 32, calibrated on the calibration
+    split) and each measures; a peer venv that is missing is reported skipped, not installed, here."""
+    _need_venv("st-openvino")
+    settings = lab.Settings(peers=True, install_peers=False, baseline_seconds=0.3)
+    # Only its URL is read while the contenders are listed; none of ours is run here.
+    server = types.SimpleNamespace(http_url="127.0.0.1:1")
+    with contextlib.ExitStack() as stack:
+        contenders, skipped = lab.pipeline(TEXT).contenders(settings, server, stack, print)
+        by_key = {c.key: c for c in contenders}
+        assert {"onnx_int8", "st_openvino_fp32", "st_openvino_int8"} <= set(by_key)
+        if "st_qint8" not in by_key:
+            assert any("qint8" in s["label"] and "not installed" in s["reason"] for s in skipped), skipped
+        measured = lab.compare(TEXT, [by_key["st_openvino_fp32"], by_key["st_openvino_int8"]], 1)
+    (_, fp32), (_, int8) = measured
+    assert "OpenVINO" in fp32.label and "FP32" in fp32.label and fp32.label.endswith("batch 32")
+    assert f"{peers.CALIBRATION_TEXTS} calibration texts" in int8.label and int8.label.endswith("batch 32")
+    assert fp32.throughput > 0 and int8.throughput > 0

@@ -11,8 +11,9 @@ queue vs compute time and the mean batch of every composing model. Then, with th
 contenders run on the same cores in interleaved rounds (median of `compare_repeats`): the in-process baselines of
 tritonkit.baselines (the model's own library; our own built ONNX models in-process, the ceiling a server must
 approach) and, for text, our server through the one HTTP load generator of tritonkit.peers; with --peers also the
-peer servers and sentence-transformers' own ONNX qint8 (tritonkit.peers, each in its own venv, installed if
-missing). The summary states served / contender ratios and the peer table.
+peer servers, sentence-transformers' own ONNX qint8 and its OpenVINO backend in FP32 and NNCF static INT8
+(tritonkit.peers, each in its own venv, installed if missing). The summary states served / contender ratios and
+the peer table, with our served models' and our in-process INT8 ceiling's ratio over each contender.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ def mean_tokens(name: str) -> float:
 
 def _text_contenders(name: str, settings: Settings, server, stack: contextlib.ExitStack,
                      progress: Callable[[str], None] = print) -> tuple[list[Contender], list[dict]]:
+    from functools import partial
+
     from tritonkit import baselines, data, kinds, peers
 
     texts, s, c = data.split("benchmark"), settings.baseline_seconds, pipeline(name).ratio_concurrency
@@ -147,19 +150,39 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
         out.insert(1, Contender("served_fused_http", lambda: peers.http_point(fused, texts, c, s), "server"))
     skipped = []
     if not settings.peers:
-        return out, [{"label": "peer servers and sentence-transformers ONNX qint8", "reason": "run with --peers"}]
-    kind = kinds.get(name)
-    st = lambda secs: peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, "qint8", [32], secs)[0]  # noqa: E731
+        return out, [{"label": "peer servers and sentence-transformers ONNX qint8 / OpenVINO FP32 / OpenVINO INT8",
+                      "reason": "run with --peers"}]
+    kind, install = kinds.get(name), settings.install_peers
+    st = lambda secs: peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, "qint8", [32], secs,  # noqa: E731
+                                      install)[0]
     try:
         progress(f"[{name}] sentence-transformers ONNX qint8 export (cached under build/peers/) ...")
         st(0.5)
         out.append(Contender("st_qint8", lambda: st(s)))
         progress(f"[{name}] starting Infinity ...")
-        inf = stack.enter_context(peers.infinity(kind.model_dir(), name, kind.spec.facts.pooling))
+        inf = stack.enter_context(peers.infinity(kind.model_dir(), name, kind.spec.facts.pooling, install=install))
         out.append(Contender("infinity", lambda: peers.http_point(inf, texts, c, s), "server"))
     except peers.PeerUnavailable as e:
         progress(f"[{name}] skipped: {e}")
         skipped.append({"label": "sentence-transformers ONNX qint8 / Infinity", "reason": str(e)})
+    # Calibration comes from its own split: the INT8 peer never sees the texts it is timed on.
+    calibration = data.split("calibration")[:peers.CALIBRATION_TEXTS]
+
+    def ov(variant: str, secs: float) -> PerfPoint:
+        return peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, variant, [32], secs, install,
+                               calibration=calibration)[0]
+
+    for variant, key, what in (("openvino-fp32", "st_openvino_fp32", "OpenVINO FP32"),
+                               ("openvino-int8", "st_openvino_int8", "OpenVINO INT8 (NNCF static)")):
+        try:
+            progress(f"[{name}] sentence-transformers {what}: export"
+                     + (f", quantization on {len(calibration)} calibration texts" if "int8" in variant else "")
+                     + " (cached under build/peers/) ...")
+            ov(variant, 0.5)
+            out.append(Contender(key, partial(ov, variant, s)))
+        except peers.PeerUnavailable as e:
+            progress(f"[{name}] skipped: {e}")
+            skipped.append({"label": f"sentence-transformers {what}", "reason": str(e)})
     skipped.append({"label": "TEI (text-embeddings-inference)",
                     "reason": "not installable from PyPI, npm or Debian (Docker images or a Rust source build)"})
     return out, skipped
@@ -223,7 +246,8 @@ class Settings:
     quick: bool = False
     protocol: str = "grpc"
     compare_repeats: int = 3  # interleaved rounds of the served-vs-contenders comparison
-    peers: bool = False  # also peer servers and sentence-transformers' ONNX export, each in its own venv
+    peers: bool = False  # also peer servers and sentence-transformers' ONNX / OpenVINO backends, each in its own venv
+    install_peers: bool = True  # create a missing peer venv (needs the package index); False: skip it, say why
 
     @classmethod
     def quick_mode(cls) -> Settings:
@@ -260,7 +284,8 @@ def run_pipeline(pipe: Pipeline, settings: Settings, out_dir: Path, repository: 
         measured = compare(pipe.name, contenders, settings.compare_repeats, progress)
     result = {"served": served, "baseline": [p for c, p in measured if c.where == "in-process"],
               "peers": [p for c, p in measured if c.where == "server"], "skipped": skipped,
-              "compare_repeats": settings.compare_repeats}
+              "compare_repeats": settings.compare_repeats,
+              "ceiling": next((p.label for c, p in measured if c.key == "onnx_int8"), None)}
     if pipe.unit == "texts":
         result["mean_tokens"] = mean_tokens(pipe.name)
     return result
@@ -301,12 +326,13 @@ def ratios(pipe: Pipeline, result: dict) -> list[dict]:
 def peer_table(pipe: Pipeline, result: dict) -> list[dict]:
     """The served INT8 ensemble at ratio_concurrency (perf_analyzer) and every contender: throughput, tokens/s
     (text), p50/p99, and served ÷ contender for the perf_analyzer point and, for text, for our server under the
-    same HTTP load generator as the peers."""
+    same HTTP load generator as the peers; and our in-process INT8 ceiling (result["ceiling"]) ÷ contender."""
     label = pipe.workloads[0].label
     grpc = next((p for p in result["served"] if p.label == label and not p.request_rate
                  and p.concurrency == pipe.ratio_concurrency), None)
     http = next((p for p in result.get("peers", []) if p.label.startswith("tritonkit")), None)
     tokens = result.get("mean_tokens")
+    ceiling = next((p for p in result["baseline"] if p.label == result.get("ceiling")), None)
     entries = ([("served", dataclasses.replace(grpc, label=f"{label}, perf_analyzer"))] if grpc else [])
     entries += [("server", p) for p in result.get("peers", [])] + [("in-process", p) for p in result["baseline"]]
     rows = []
@@ -315,7 +341,8 @@ def peer_table(pipe: Pipeline, result: dict) -> list[dict]:
                      "tokens_per_s": p.throughput * tokens if tokens else None, "p50_ms": p.p50_ms,
                      "p99_ms": p.p99_ms,
                      "served_x": grpc.throughput / p.throughput if grpc and p.throughput else None,
-                     "served_http_x": http.throughput / p.throughput if http and p.throughput else None})
+                     "served_http_x": http.throughput / p.throughput if http and p.throughput else None,
+                     "ceiling_x": ceiling.throughput / p.throughput if ceiling and p.throughput else None})
     return rows
 
 
@@ -331,15 +358,17 @@ def peer_markdown(pipe: Pipeline, result: dict) -> list[str]:
     head = f"| contender | where | c | {pipe.unit}/s |" + (" tokens/s |" if text else "") + " p50 ms | p99 ms |"
     head += f" served ÷ it (perf_analyzer, c={pipe.ratio_concurrency}) |"
     head += " served ÷ it (HTTP load generator) |" if text else ""
+    head += " in-process INT8 ceiling ÷ it |"
     rounds = result.get("compare_repeats")
     lines = [f"### {pipe.name}: peers and in-process baselines (median of {rounds or 'the'} interleaved rounds)", "",
              head,
-             "|---|---|---:|---:|" + ("---:|" if text else "") + "---:|---:|---:|" + ("---:|" if text else "")]
+             "|---|---|---:|---:|" + ("---:|" if text else "") + "---:|---:|---:|" + ("---:|" if text else "")
+             + "---:|"]
     for r in rows:
         line = (f"| {r['label']} | {r['where']} | {r['concurrency']} | {r['throughput']:.1f} |"
                 + (f" {r['tokens_per_s']:.0f} |" if text else "")
                 + f" {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {_x(r['served_x'])} |"
-                + (f" {_x(r['served_http_x'])} |" if text else ""))
+                + (f" {_x(r['served_http_x'])} |" if text else "") + f" {_x(r.get('ceiling_x'))} |")
         lines.append(line)
     if text:
         lines += ["", f"tokens/s = {pipe.unit}/s × {result['mean_tokens']:.1f} mean tokens per benchmark text "
@@ -381,7 +410,7 @@ def write_outputs(out_dir: Path, results: dict[str, dict], settings: Settings, c
                              "baseline": [p.to_json() for p in r["baseline"]],
                              "peers": [p.to_json() for p in r.get("peers", [])],
                              "skipped": r.get("skipped", []), "mean_tokens": r.get("mean_tokens"),
-                             "compare_repeats": r.get("compare_repeats"),
+                             "compare_repeats": r.get("compare_repeats"), "ceiling": r.get("ceiling"),
                              "peer_table": peer_table(pipeline(name), r),
                              "ratios": ratios(pipeline(name), r)} for name, r in results.items()},
     }, indent=2))
@@ -488,8 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     parser.add_argument("--out", type=Path, help="output folder (default perf/results/<stamp>)")
     parser.add_argument("--peers", action="store_true",
-                        help="also peer servers (Infinity) and sentence-transformers' ONNX qint8, each in its own venv "
-                             "under build/peers/ (installed if missing; skipped with the reason when that fails)")
+                        help="also peer servers (Infinity) and sentence-transformers' ONNX qint8, OpenVINO FP32 and "
+                             "OpenVINO INT8 (NNCF static), each in its own venv under build/peers/ (installed if "
+                             "missing; skipped with the reason when that fails)")
     parser.add_argument("--compare-repeats", type=int, help="interleaved rounds of the contenders (default 3)")
     parser.add_argument("--gate", type=int, metavar="N",
                         help="only the CI ratio gate, N times per pipeline, to see its spread (no folder)")

@@ -1,8 +1,9 @@
 """Peers: what a user would run instead of tritonkit, measured the way our server is.
 
-- Peer *servers* (Infinity, on sentence-transformers' own ONNX qint8 export of the same model) and
-  sentence-transformers' ONNX backend each live in their own virtualenv under build/peers/, installed on demand
-  with uv, so their dependencies never touch the project's venv.
+- Peer *servers* (Infinity, on sentence-transformers' own ONNX qint8 export of the same model),
+  sentence-transformers' ONNX backend and its OpenVINO backend (FP32, and static INT8 by NNCF on calibration texts
+  the caller passes) each live in their own virtualenv under build/peers/, installed on demand with uv, so their
+  dependencies never touch the project's venv.
 - One HTTP load generator (`http_point`) for every server: closed loop, N concurrent callers with a keep-alive
   connection each, one text per request, the same real texts; our server is called on Triton's HTTP/REST
   (KServe v2) infer endpoint of the ensemble, Infinity on its OpenAI-style /embeddings.
@@ -12,6 +13,7 @@
 Only the standard library is imported at module level: the st-run entry point runs under the peer venv's Python.
 
     python -m tritonkit.peers install infinity      # create build/peers/infinity (needs the package index)
+    python -m tritonkit.peers install st-openvino   # sentence-transformers on OpenVINO, NNCF
     python -m tritonkit.peers status                # what is installed
 
 The peer venvs need a torch; TRITONKIT_PEERS_TORCH names it (a CPU wheel file or a requirement). Unset, the
@@ -45,7 +47,15 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INFINITY_VERSION = "0.0.78"
 ST_QUANT_CONFIG = "avx512_vnni"
 ST_QINT8_FILE = f"onnx/model_qint8_{ST_QUANT_CONFIG}.onnx"
+ST_OV_FP32_FILE = "openvino/openvino_model.xml"  # where sentence-transformers saves its OpenVINO export
+ST_OV_INT8_FILE = "openvino/openvino_model_int8_nncf.xml"  # beside it; "openvino*.xml" so ST's loader finds it
+ST_OV_INT8_META = "openvino/openvino_model_int8_nncf.json"  # calibration and timing of the quantization
+CALIBRATION_TEXTS = 300  # nncf.quantize's subset_size: NNCF's default, and what the lab passes
 STARTUP_S = 240.0
+ST_VERSION = "6.2.0"
+OPTIMUM_INTEL_VERSION = "2.2.0"
+OPENVINO_VERSION = "2026.4.1"
+NNCF_VERSION = "3.4.0"
 
 
 class PeerUnavailable(TritonkitError, RuntimeError):
@@ -57,6 +67,7 @@ class PeerEnv:
     name: str
     requirements: tuple[str, ...]
     module: str  # imported to prove the venv works
+    excludes: tuple[str, ...] = ()  # dependencies left out of the resolution (uv pip install --excludes)
 
     @property
     def dir(self) -> Path:
@@ -78,11 +89,22 @@ ENVS = {
                                      "optimum[onnxruntime]==1.24.0", "transformers<4.49"), "infinity_emb"),
     "sentence-transformers": PeerEnv("sentence-transformers", ("sentence-transformers[onnx]",),
                                      "sentence_transformers"),
+    # Pinned to the releases the numbers were measured with (optimum-intel 2.2 caps transformers below 5.6).
+    # torchvision is left out: optimum-intel requires it only for vision-language models, and PyPI's build links
+    # CUDA torch, so beside a CPU torch it breaks `import transformers` (operator torchvision::nms does not exist).
+    "st-openvino": PeerEnv("st-openvino", (f"sentence-transformers[openvino]=={ST_VERSION}",
+                                           f"optimum-intel[openvino]=={OPTIMUM_INTEL_VERSION}",
+                                           f"openvino=={OPENVINO_VERSION}", f"nncf=={NNCF_VERSION}"),
+                           "sentence_transformers, optimum.intel.openvino, nncf", excludes=("torchvision",)),
 }
 
 
+def _stamp(env: PeerEnv) -> str:
+    return "\n".join(env.requirements + tuple(f"exclude {e}" for e in env.excludes))
+
+
 def installed(env: PeerEnv) -> bool:
-    return env.python.exists() and env.marker.exists() and env.marker.read_text() == "\n".join(env.requirements)
+    return env.python.exists() and env.marker.exists() and env.marker.read_text() == _stamp(env)
 
 
 def _uv() -> list[str]:
@@ -112,8 +134,12 @@ def ensure(name: str, install: bool = True, progress: Callable[[str], None] = pr
                               f"{name}, or make perf-peers)")
     uv = _uv()
     progress(f"[peers] installing {name} into {paths.rel(env.dir)} ({' '.join(env.requirements)}) ...")
+    env.dir.parent.mkdir(parents=True, exist_ok=True)
+    excludes = env.dir.parent / f"{name}.excludes.txt"
+    excludes.write_text("".join(f"{e}\n" for e in env.excludes))
     steps = [[*uv, "venv", "--clear", str(env.dir), "--python", sys.executable],
-             [*uv, "pip", "install", "--python", str(env.python), *env.requirements, *_torch_args()]]
+             [*uv, "pip", "install", "--python", str(env.python), *env.requirements, *_torch_args(),
+              *(["--excludes", str(excludes)] if env.excludes else [])]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -123,7 +149,7 @@ def ensure(name: str, install: bool = True, progress: Callable[[str], None] = pr
     if check.returncode != 0:
         raise PeerUnavailable(f"{name}: installed but `import {env.module}` fails: "
                               f"{check.stderr.strip().splitlines()[-1:]}")
-    env.marker.write_text("\n".join(env.requirements))
+    env.marker.write_text(_stamp(env))
     return env.python
 
 
@@ -156,26 +182,120 @@ def st_export(model_dir: Path, out: Path) -> Path:
     return out / ST_QINT8_FILE
 
 
-def _st_run(args: argparse.Namespace) -> int:
-    """Times sentence-transformers (torch FP32 or its ONNX qint8) on the given texts; prints one PerfPoint per
-    batch size as JSON lines."""
-    import torch
+def st_openvino_dir(model_dir: Path) -> Path:
+    return PEERS_DIR / "st-openvino-ir" / Path(model_dir).parent.name
+
+
+def _ov_config(threads: int) -> dict:
+    # Only the thread count is set: optimum-intel's own default hint (LATENCY, one stream) is what a user gets.
+    return {"INFERENCE_NUM_THREADS": threads}
+
+
+def st_openvino_export(model_dir: Path, out: Path, threads: int) -> Path:
+    """sentence-transformers' OpenVINO export of `model_dir` (optimum-intel, FP32 IR), saved once in `out` (the
+    model's files + openvino/openvino_model.xml)."""
     from sentence_transformers import SentenceTransformer
 
-    from tritonkit.backend_utils import usable_cpus
+    if not (out / ST_OV_FP32_FILE).exists():
+        model = SentenceTransformer(str(model_dir), backend="openvino", device="cpu",
+                                    model_kwargs={"ov_config": _ov_config(threads)})
+        model.save(str(out))
+    return out / ST_OV_FP32_FILE
 
-    torch.set_num_threads(usable_cpus())
-    texts = json.loads(Path(args.texts).read_text())
+
+def _calibration_key(texts: Sequence[str], max_length: int) -> str:
+    import hashlib
+
+    from nncf import __version__ as nncf_version
+
+    return hashlib.sha256(json.dumps([nncf_version, max_length, list(texts)]).encode()).hexdigest()
+
+
+def st_openvino_quantize(out: Path, calibration: Sequence[str], max_length: int, threads: int) -> dict:
+    """NNCF static INT8 of the FP32 IR in `out` (ModelType.TRANSFORMER: SmoothQuant + bias correction), calibrated
+    on `calibration` (at most CALIBRATION_TEXTS), one text per sample tokenized by the model's own preprocessing
+    into the feeds the IR takes; saved beside the FP32 IR. Cached while the calibration texts are the same; returns
+    {"calibration_texts", "quantize_s", "nncf"} of the quantization that made the file."""
+    import openvino as ov
+    from nncf import Dataset, ModelType, quantize
+    from nncf import __version__ as nncf_version
+    from sentence_transformers import SentenceTransformer
+
+    texts = list(calibration)[:CALIBRATION_TEXTS]
+    if not texts:
+        raise PeerUnavailable("OpenVINO INT8: no calibration texts (pass calibration=...)")
+    key = _calibration_key(texts, max_length)
+    meta_file = out / ST_OV_INT8_META
+    if (out / ST_OV_INT8_FILE).exists() and meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        if meta.get("key") == key:
+            return meta
+    fp32 = SentenceTransformer(str(out), backend="openvino", device="cpu",
+                               model_kwargs={"file_name": ST_OV_FP32_FILE, "ov_config": _ov_config(threads)})
+    fp32.max_seq_length = max_length
+    model = ov.Core().read_model(out / ST_OV_FP32_FILE)
+    inputs = {i.get_any_name() for i in model.inputs}
+
+    def feed(text: str) -> dict:
+        # The tensors sentence-transformers itself hands the IR (input_ids, attention_mask, token_type_ids).
+        return {k: v.numpy() for k, v in fp32.preprocess([text]).items() if k in inputs}
+
+    start = time.perf_counter()
+    quantized = quantize(model, Dataset(texts, feed), model_type=ModelType.TRANSFORMER, subset_size=len(texts))
+    seconds = time.perf_counter() - start
+    # FP32 storage as sentence-transformers' own export is saved (optimum-intel: compress_to_fp16=False).
+    ov.save_model(quantized, out / ST_OV_INT8_FILE, compress_to_fp16=False)
+    meta = {"key": key, "calibration_texts": len(texts), "quantize_s": round(seconds, 2), "nncf": nncf_version}
+    meta_file.write_text(json.dumps(meta))
+    return meta
+
+
+def _st_model(args: argparse.Namespace, threads: int):
+    """The SentenceTransformer of `args.variant` and its label (runtime, version, precision)."""
+    from importlib.metadata import version
+
+    from sentence_transformers import SentenceTransformer
+
+    st = f"sentence-transformers {version('sentence-transformers')}"
+    out = Path(args.cache)
     if args.variant == "qint8":
-        out = Path(args.cache)
         st_export(Path(args.model_dir), out)
         model = SentenceTransformer(str(out), backend="onnx", device="cpu",
                                     model_kwargs={"file_name": ST_QINT8_FILE})
-        label = f"sentence-transformers ONNX qint8 ({ST_QUANT_CONFIG})"
+        return model, f"{st} ONNX Runtime {version('onnxruntime')} qint8 ({ST_QUANT_CONFIG})"
+    if args.variant == "fp32":
+        return SentenceTransformer(str(args.model_dir), device="cpu"), f"{st} torch {version('torch')} FP32"
+    ov = f"{st} OpenVINO {version('openvino')}"
+    st_openvino_export(Path(args.model_dir), out, threads)
+    if args.variant == "openvino-fp32":
+        file, label = ST_OV_FP32_FILE, f"{ov} FP32"
     else:
-        model = SentenceTransformer(str(args.model_dir), device="cpu")
-        label = "sentence-transformers FP32"
+        calibration = json.loads(Path(args.calibration).read_text()) if args.calibration else []
+        meta = st_openvino_quantize(out, calibration, args.max_length, threads)
+        file = ST_OV_INT8_FILE
+        label = (f"{ov} INT8 (NNCF {meta['nncf']} static, {meta['calibration_texts']} calibration texts, "
+                 f"quantized in {meta['quantize_s']:.0f} s)")
+    model = SentenceTransformer(str(out), backend="openvino", device="cpu",
+                                model_kwargs={"file_name": file, "ov_config": _ov_config(threads)})
+    return model, label
+
+
+def _st_run(args: argparse.Namespace) -> int:
+    """Times sentence-transformers (torch FP32, its ONNX qint8, its OpenVINO FP32 or NNCF static INT8) on the given
+    texts; prints one PerfPoint per batch size as JSON lines, or with --embed writes the texts' embeddings."""
+    import torch
+
+    from tritonkit.backend_utils import usable_cpus
+
+    threads = usable_cpus()
+    torch.set_num_threads(threads)
+    texts = json.loads(Path(args.texts).read_text())
+    model, label = _st_model(args, threads)
     model.max_seq_length = args.max_length
+    if args.embed:
+        embeddings = model.encode(texts, batch_size=32, normalize_embeddings=True)
+        Path(args.embed).write_text(json.dumps({"label": label, "embeddings": embeddings.tolist()}))
+        return 0
     for batch in args.batches:
         groups = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)]
         point = time_in_process(lambda g, b=batch: model.encode(g, batch_size=b), groups, 1,
@@ -185,24 +305,67 @@ def _st_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def st_points(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, batches: Sequence[int],
-              seconds: float, install: bool = True) -> list[PerfPoint]:
-    """sentence-transformers `variant` ("qint8": its ONNX qint8 export; "fp32": torch) at each batch size, in its
-    own venv; one PerfPoint per batch size."""
+ST_VARIANTS = {  # st-run --variant -> the peer venv it runs in
+    "qint8": "sentence-transformers",
+    "fp32": "sentence-transformers",
+    "openvino-fp32": "st-openvino",
+    "openvino-int8": "st-openvino",
+}
+
+
+def _st_cache(variant: str, model_dir: Path) -> Path:
+    return st_openvino_dir(model_dir) if variant.startswith("openvino") else st_export_dir(model_dir)
+
+
+def _st_subprocess(variant: str, texts: Sequence[str], model_dir: Path, max_length: int, extra: Sequence[str],
+                   calibration: Sequence[str], cache: Path | None, install: bool) -> str:
+    """Runs `st-run` for `variant` in its peer venv, texts (and calibration texts) passed through files; its stdout."""
     import tempfile
 
-    python = ensure("sentence-transformers", install)
+    if variant not in ST_VARIANTS:
+        raise ValueError(f"unknown sentence-transformers variant {variant!r} (known: {', '.join(ST_VARIANTS)})")
+    if variant == "openvino-int8" and not calibration:
+        raise ValueError("openvino-int8 needs calibration texts (disjoint from the timed texts)")
+    python = ensure(ST_VARIANTS[variant], install)
     with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(list(texts)))
         cmd = [str(python), "-m", "tritonkit.peers", "st-run", "--variant", variant, "--model-dir", str(model_dir),
-               "--cache", str(st_export_dir(model_dir)), "--texts", str(texts_file), "--max-length",
-               str(max_length), "--seconds", str(seconds), "--batches", *map(str, batches)]
+               "--cache", str(cache or _st_cache(variant, model_dir)), "--texts", str(texts_file), "--max-length",
+               str(max_length), *extra]
+        if calibration:
+            calibration_file = Path(tmp) / "calibration.json"
+            calibration_file.write_text(json.dumps(list(calibration)))
+            cmd += ["--calibration", str(calibration_file)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=peer_env(), cwd=paths.ROOT)
     if proc.returncode != 0:
         raise PeerUnavailable(f"sentence-transformers {variant} failed:\n"
                               + "\n".join(proc.stderr.strip().splitlines()[-8:]))
-    return [PerfPoint(**json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.stdout
+
+
+def st_points(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, batches: Sequence[int],
+              seconds: float, install: bool = True, calibration: Sequence[str] = (),
+              cache: Path | None = None) -> list[PerfPoint]:
+    """sentence-transformers `variant` (ST_VARIANTS: "qint8" its ONNX qint8 export, "fp32" torch, "openvino-fp32"
+    its OpenVINO export, "openvino-int8" that export statically quantized by NNCF on `calibration`) at each batch
+    size, in its own venv; one PerfPoint per batch size. Exports are cached in `cache` (default under
+    build/peers/)."""
+    out = _st_subprocess(variant, texts, model_dir, max_length,
+                         ["--seconds", str(seconds), "--batches", *map(str, batches)], calibration, cache, install)
+    return [PerfPoint(**json.loads(line)) for line in out.splitlines() if line.startswith("{")]
+
+
+def st_embeddings(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, install: bool = True,
+                  calibration: Sequence[str] = (), cache: Path | None = None) -> tuple[str, list[list[float]]]:
+    """The L2-normalised embeddings sentence-transformers `variant` gives `texts` in its venv, and its label."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
+        embed = Path(tmp) / "embeddings.json"
+        _st_subprocess(variant, texts, model_dir, max_length, ["--embed", str(embed)], calibration, cache, install)
+        got = json.loads(embed.read_text())
+    return got["label"], got["embeddings"]
 
 
 # -- peer servers ------------------------------------------------------------------------------------------
@@ -346,14 +509,16 @@ def main(argv: list[str] | None = None) -> int:
     inst = sub.add_parser("install", help="create a peer virtualenv under build/peers/")
     inst.add_argument("names", nargs="+", choices=list(ENVS))
     sub.add_parser("status", help="which peer virtualenvs are installed")
-    run = sub.add_parser("st-run", help="(inside the sentence-transformers venv) time sentence-transformers")
-    run.add_argument("--variant", choices=["qint8", "fp32"], required=True)
+    run = sub.add_parser("st-run", help="(inside a sentence-transformers peer venv) time sentence-transformers")
+    run.add_argument("--variant", choices=list(ST_VARIANTS), required=True)
     run.add_argument("--model-dir", required=True)
     run.add_argument("--cache", required=True)
     run.add_argument("--texts", required=True)
     run.add_argument("--max-length", type=int, required=True)
     run.add_argument("--seconds", type=float, default=4.0)
     run.add_argument("--batches", type=int, nargs="+", default=[32])
+    run.add_argument("--calibration", help="JSON list of calibration texts (openvino-int8)")
+    run.add_argument("--embed", help="write the texts' normalised embeddings as JSON here instead of timing")
     args = parser.parse_args(argv)
     if args.cmd == "st-run":
         return _st_run(args)
