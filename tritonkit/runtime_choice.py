@@ -212,18 +212,20 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool) -> dict:
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates.
     targets = kind.TARGETS if gated else [Target("cosine_min" if hasattr(kind, "DIM") else "top1_agreement", ">=",
                                                  kind.EXPORT.tolerance if hasattr(kind, "DIM") else 0.995)]
-    runtime, reason = DEFAULT, "no other variant is faster by the needed margin"
+    runtime, reasons = DEFAULT, []
     for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
         if gains[variant] < MIN_GAIN:
-            reason = f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch"
+            reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
             break
         metrics = accuracy(kind, file, fp32, variant, threads)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
         problems = missed(targets, metrics)
         if not problems:
-            runtime, reason = variant, f"{variant} {gains[variant]:.2f}x; {'gates' if gated else 'FP32'} hold on it"
+            runtime = variant
+            reasons.append(f"{variant} {gains[variant]:.2f}x; {'gates' if gated else 'FP32'} hold on it")
             break
-        reason = f"{variant} {gains[variant]:.2f}x but misses: {'; '.join(problems)}"
+        reasons.append(f"{variant} {gains[variant]:.2f}x but misses: {'; '.join(problems)}")
+    reason = "; ".join(reasons) or "no other variant is faster by the needed margin"
     record.update(runtime=runtime, reason=reason)
     return record
 
