@@ -37,8 +37,9 @@ VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 # Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
 # kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
 MIXES = 24
-# OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend.
-MIN_GAIN = 1.05
+# OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
+# measured 1.04x and 1.05x in two runs a minute apart (models/image_classification.runtime.json history).
+MIN_GAIN = 1.10
 
 
 def choice_path(kind) -> Path:
