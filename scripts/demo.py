@@ -24,6 +24,14 @@ class Demo:
     run: Callable[[TritonServer], None]
 
 
+def serves(name: str) -> str:
+    """What model `name`'s INT8 slot really serves here: precision and the runtime its config names."""
+    from tritonkit import kinds, runtime_choice
+
+    kind = kinds.get(name)
+    return f"{int8.served_label(name)} on {runtime_choice.variant_for(kind, kind.INT8_MODEL)}"
+
+
 def text_demo(server: TritonServer) -> None:
     from tritonkit_client import embed, rank
 
@@ -33,7 +41,8 @@ def text_demo(server: TritonServer) -> None:
         "Compress a file to save disk space.",
         "Parse a date written as text.",
     ]
-    print(f"\n== text_embedding: {len(corpus)} sentences from the standard-library docs, "
+    print(f"\n== text_embedding (all-MiniLM-L6-v2, {serves('text_embedding')}): {len(corpus)} sentences from the "
+          "standard-library docs, "
           f"embedded over gRPC by tritonkit_client ==")
     vectors = embed(corpus, url=server.grpc_url, protocol="grpc", batch_size=32, concurrency=4).vectors
     found = embed(queries, url=server.http_url)
@@ -51,7 +60,8 @@ def image_demo(server: TritonServer) -> None:
     names = ["chelsea", "coffee", "rocket", "motorcycle_left", "grace_hopper", "flower"]
     fmts = ["JPEG", "PNG", "WEBP"]
     photos = [spec.photo_bytes(n, fmt=fmts[i % 3]) for i, n in enumerate(names)]
-    print(f"\n== image_classification (EfficientNet-Lite0 INT8): {len(photos)} bundled photos sent as "
+    print(f"\n== image_classification (EfficientNet-Lite0, {serves('image_classification')}): {len(photos)} "
+          "bundled photos sent as "
           "JPEG/PNG/WebP bytes over HTTP, top-3 via the classification extension ==")
     for name, fmt, preds in zip(names, fmts * 2, image.classify(photos, top_k=3, url=server.http_url)):
         print(f"\n{name} ({fmt}):")

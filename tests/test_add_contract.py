@@ -63,6 +63,28 @@ def test_build_searched_int8_and_generated_every_model(tree):
     assert (root / "repo" / "my_encoder_tokenizer" / "tokenizer.json").exists()
 
 
+def test_the_build_chose_each_served_models_runtime_by_measurement_and_its_config_names_it(tree):
+    """models/<name>.runtime.json holds this CPU class's timing of every served file on every runtime, and each
+    generated config serves on the recorded choice (served answers are checked against the model's own library
+    below, whichever runtime won)."""
+    import json
+
+    from tritonkit import envinfo, runtime_choice
+    from tritonkit.config import parse_config
+
+    root, _, _ = tree
+    for name, models in (("my_encoder", ("my_encoder_encoder", "my_encoder_encoder_fp32")),
+                         ("my_classifier", ("my_classifier_classifier", "my_classifier_classifier_fp32"))):
+        entry = json.loads((root / "models" / f"{name}.runtime.json").read_text())["classes"][envinfo.int8_class()]
+        for model in models:
+            record = entry["models"][model]
+            assert {"onnxruntime", "openvino"} <= set(record["items_per_s"]), record
+            cfg = parse_config((root / "repo" / model / "config.pbtxt").read_text(), model)
+            assert cfg.backend == runtime_choice.VARIANTS[record["runtime"]][0], (model, record["reason"])
+            if record["runtime"] != runtime_choice.DEFAULT:
+                assert record["vs_onnxruntime"][record["runtime"]] >= runtime_choice.MIN_GAIN, record
+
+
 def test_the_encoders_searched_int8_met_its_gates_and_is_served(tree):
     """The tiny classifier's INT8 may fall back to FP32 (at 10 classes with random weights, top-1 ties flip and
     its convolutions are too narrow for INT8 to win); the real classifier's INT8 is tested in its own suite."""

@@ -1,15 +1,17 @@
 """Which CPU runtime serves each built ONNX file, chosen by measurement (`make build` runs it after INT8).
 
 For every served file of a spec (the INT8 and FP32 models; a text encoder's packed form where the build wrote one,
-since that is what the backend runs), each runtime of tritonkit.serving.runtimes is timed at the kind's served
-batch sizes with the served threads per instance, runs interleaved, median of repeats. The faster runtime serves
-only if the spec's accuracy gates hold on it too, against the FP32 graph under ONNX Runtime on the test split
-(INT8 kernels differ by runtime as they do by CPU); otherwise ONNX Runtime serves, and the report says why.
+since that is what the backend runs), each VARIANT (onnxruntime, openvino f32, and for gated files on a BF16 CPU
+openvino-bf16) is timed at the kind's served batch sizes with the served threads per instance, over MIXES random
+text mixes (a server's shapes), runs interleaved, median of repeats. The fastest variant that beats ONNX Runtime
+by MIN_GAIN serves only if accuracy holds on it too, against the FP32 graph under ONNX Runtime on the test split
+(the INT8 gates, or the export tolerance for an FP32 file); otherwise the next, else ONNX Runtime, and the record
+says why for each.
 
 The choice is committed per CPU INT8 class (envinfo.int8_class) in models/<name>.runtime.json, with the numbers,
-both runtimes' versions and the CPU that measured them; the generator names the chosen runtime in the model's
-config (`backend: "openvino"` or `"onnxruntime"`). A class without an entry borrows a measured one, as INT8
-recipes do; `python -m tritonkit.build <name> --choose-runtime` re-measures this machine's class.
+both runtimes' versions and the CPU that measured them; the generator names the chosen runtime and its parameters
+in the model's config. A class without an entry borrows a measured one, as INT8 recipes do; an unchanged file
+keeps its committed choice, and `python -m tritonkit.build <name> --choose-runtime` re-measures this class.
 """
 
 from __future__ import annotations
