@@ -63,14 +63,13 @@ def _edit_instances(count: int, threads: int):
 
 def _edit_runtime(runtime: str):
     """Serve the encoder (or the fused model's encoder) on `runtime`, same threads per instance."""
-    names = THREAD_PARAMETER
-
     def edit(cfg: mc.ModelConfig) -> None:
-        threads = next((cfg.parameters[k].string_value for k in names.values() if k in cfg.parameters), "1")
-        for key in names.values():
+        threads = next((cfg.parameters[k].string_value for k in THREAD_PARAMETER.values() if k in cfg.parameters),
+                       "1")
+        for key in THREAD_PARAMETER.values():
             if key in cfg.parameters:
                 del cfg.parameters[key]
-        cfg.parameters[names[runtime]].string_value = threads
+        cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads
         if cfg.backend == "python":
             cfg.parameters["runtime"].string_value = runtime
         else:

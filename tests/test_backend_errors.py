@@ -90,14 +90,19 @@ def _infer(server, protocol: str, model: str, ids: np.ndarray) -> np.ndarray:
         client.close()
 
 
+def assert_bad_id_is_a_client_error(server, protocol: str, model: str, bad: int) -> None:
+    """An id past the table fails its request as the client's error naming input and limit; the model serves on."""
+    with pytest.raises(InferenceServerException) as info:
+        _infer(server, protocol, model, np.array([[1, bad, 2]], np.int64))
+    assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
+    assert "'IDS'" in str(info.value) and f"[0, {ROWS})" in str(info.value) and str(bad) in str(info.value)
+    assert _infer(server, protocol, model, np.array([[1, 2]], np.int64))[0, 0] == TABLE[1, 0] + TABLE[2, 0]
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("bad", [ROWS, 1000, -1])
 def test_out_of_range_id_is_a_client_error_naming_input_and_limit(server, protocol, bad):
-    with pytest.raises(InferenceServerException) as info:
-        _infer(server, protocol, "lookup", np.array([[1, bad, 2]], np.int64))
-    assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
-    assert "'IDS'" in str(info.value) and f"[0, {ROWS})" in str(info.value) and str(bad) in str(info.value)
-    assert _infer(server, protocol, "lookup", np.array([[1, 2]], np.int64))[0, 0] == TABLE[1, 0] + TABLE[2, 0]
+    assert_bad_id_is_a_client_error(server, protocol, "lookup", bad)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

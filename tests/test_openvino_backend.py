@@ -15,7 +15,15 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
-from test_backend_errors import CLIENT_ERROR, ROWS, TABLE, _counters, _infer, _lookup_model
+from test_backend_errors import (
+    CLIENT_ERROR,
+    ROWS,
+    TABLE,
+    _counters,
+    _infer,
+    _lookup_model,
+    assert_bad_id_is_a_client_error,
+)
 from tritonclient.utils import InferenceServerException
 
 from tritonkit.config import DynamicBatching, ModelSpec, Tensor
@@ -103,11 +111,7 @@ def test_a_ragged_burst_is_one_padded_run_with_the_same_answers_as_onnxruntime(s
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("bad", [ROWS, -1])
 def test_out_of_range_id_is_a_client_error_and_the_model_keeps_serving(server, protocol, bad):
-    with pytest.raises(InferenceServerException) as info:
-        _infer(server, protocol, "lookup_openvino", np.array([[1, bad, 2]], np.int64))
-    assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
-    assert "'IDS'" in str(info.value) and f"[0, {ROWS})" in str(info.value) and str(bad) in str(info.value)
-    assert _infer(server, protocol, "lookup_openvino", np.array([[1, 2]], np.int64))[0, 0] == TABLE[1, 0] + TABLE[2, 0]
+    assert_bad_id_is_a_client_error(server, protocol, "lookup_openvino", bad)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

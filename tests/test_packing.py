@@ -92,7 +92,7 @@ def test_packed_graph_gives_each_text_its_padded_embedding(tmp_path, architectur
         assert got.shape == want.shape
         assert row_metric("cosine", got, want).min() > 0.99999 and np.abs(got - want).max() < 1e-4
         # Shape buckets (what the openvino backend feeds): wider rows, a power-of-two pool; the first rows agree.
-        feeds = packing.pack(seqs, row_tokens, pooling, width_multiple=16, texts_pow2=True)
+        feeds = packing.pack(seqs, row_tokens, pooling, width_multiple=16)
         assert feeds["input_ids"].shape[1] % 16 == 0 and feeds["pool"].shape[0] == 8
         bucketed = session.run(None, feeds)[0]
         assert row_metric("cosine", bucketed[: len(seqs)], want).min() > 0.99999

@@ -193,15 +193,13 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
                           search_if_missing=search_if_missing, search_budget_s=search_budget_s,
                           search_form=search_form)
-    for path in generate.write([spec]):  # a fallback to FP32 shows in the INT8 model's config
-        _log(f"{spec.NAME}: generated {paths.rel(path)}")
     served, trt = outcomes
     build_packed(spec, served.path, fp32 if served.status == "passed" else None)
     from tritonkit import runtime_choice
 
     runtime_choice.choose(spec, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
                           log=_log)
-    for path in generate.write([spec]):  # the runtime each model's config names
+    for path in generate.write([spec]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{spec.NAME}: generated {paths.rel(path)}")
     return BuildResult(name, fp32, served.path, built, served.status, trt.path, outcomes)
 

@@ -25,13 +25,13 @@ def versions() -> dict[str, str]:
     return out
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), wanted: tuple[str, ...] = INT8_FLAGS) -> list[str]:
     try:
         text = cpuinfo.read_text()
     except OSError:
         return []
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return [f for f in INT8_FLAGS if f in flags]
+    return [f for f in wanted if f in flags]
 
 
 # The classes of onnxruntime's x86 u8s8 GEMM: VNNI sums int8 products exactly in int32; without it (AVX-512BW,

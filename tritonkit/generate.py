@@ -52,7 +52,7 @@ def _int8_params(kind) -> dict[str, str]:
     return {}
 
 
-def _ort(kind, name: str, inputs: list[Tensor], outputs: list[Tensor], instances: int, threads: int,
+def _onnx_model(kind, name: str, inputs: list[Tensor], outputs: list[Tensor], instances: int, threads: int,
          extra: dict[str, str], what: str) -> Entry:
     """An ONNX model on the CPU runtime the build measured faster for it (tritonkit.runtime_choice)."""
     from tritonkit import runtime_choice
@@ -98,9 +98,9 @@ def text_repository(kind) -> list[Entry]:
             parameters=tokenizer_params,
             header=_header(kind, f"Text -> token ids, padded to the request's longest text (max {f.max_length} "
                                  "tokens, longer texts truncated and flagged).")), "tokenizer"),
-        _ort(kind, kind.INT8_MODEL, ragged, [embedding], s.model_instances, s.model_threads,
+        _onnx_model(kind, kind.INT8_MODEL, ragged, [embedding], s.model_instances, s.model_threads,
              {**encoder_params, **_int8_params(kind)}, f"INT8 encoder (models/{spec.name}.int8.json): {about}."),
-        _ort(kind, kind.FP32_MODEL, ragged, [embedding], s.fp32_instances, s.fp32_threads, encoder_params,
+        _onnx_model(kind, kind.FP32_MODEL, ragged, [embedding], s.fp32_instances, s.fp32_threads, encoder_params,
              f"FP32 encoder: {about}."),
     ]
     for ensemble, encoder in ((spec.name, kind.INT8_MODEL), (f"{spec.name}_fp32", kind.FP32_MODEL)):
@@ -145,9 +145,9 @@ def image_repository(kind) -> list[Entry]:
                         "max_bytes": str(MAX_BYTES)},
             header=_header(kind, f"Encoded image bytes -> shorter side {f.resize}, centre crop {f.input_size}, "
                                  "(x - mean) / std, FP32 NCHW; bad images fail alone.")), "image_preprocess"),
-        _ort(kind, kind.INT8_MODEL, pixels, outputs, s.model_instances, s.model_threads, _int8_params(kind),
+        _onnx_model(kind, kind.INT8_MODEL, pixels, outputs, s.model_instances, s.model_threads, _int8_params(kind),
              f"INT8 classifier (models/{spec.name}.int8.json): {about}."),
-        _ort(kind, kind.FP32_MODEL, pixels, outputs, s.fp32_instances, s.fp32_threads, {},
+        _onnx_model(kind, kind.FP32_MODEL, pixels, outputs, s.fp32_instances, s.fp32_threads, {},
              f"FP32 classifier: {about}."),
     ]
     for ensemble, model in ((spec.name, kind.INT8_MODEL), (f"{spec.name}_fp32", kind.FP32_MODEL)):

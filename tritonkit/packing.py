@@ -88,20 +88,15 @@ def layout(lengths: Sequence[int], row_tokens: int, balanced: bool = True) -> tu
     return best[1], best[2]
 
 
-def bucket(n: int, multiple: int) -> int:
-    """`n` rounded up to a multiple of `multiple` (1: unchanged)."""
-    return -(-n // multiple) * multiple
-
-
 def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id: int = 0, balanced: bool = True,
-         width_multiple: int = 1, texts_pow2: bool = False) -> dict[str, np.ndarray]:
+         width_multiple: int = 1) -> dict[str, np.ndarray]:
     """Feeds of a packed graph for `sequences` (each a 1-D array of one text's token ids, no padding).
 
     Rows as `layout` balances them; the pool matrix's row i weights text i's tokens as its pooling does (mean:
     1/len; mean_sqrt_len: 1/sqrt(len); cls: its first token), so the output's row i is text i's embedding, in the
-    order given. `width_multiple` rounds the row width up (masked slots) and `texts_pow2` the pool's text count up
-    to a power of two (zero rows, whose outputs the caller drops), so a runtime that prepares kernels per input
-    shape (OpenVINO) sees few distinct shapes.
+    order given. `width_multiple` > 1 buckets the shapes, so a runtime that prepares kernels per input shape
+    (OpenVINO) sees few distinct ones: the row width rounds up to a multiple of it (masked slots) and the pool's
+    text count up to a power of two (zero rows, whose outputs the caller drops).
     """
     if pooling not in POOLINGS:
         raise PackingError(f"pooling '{pooling}' cannot be packed (packable: {', '.join(POOLINGS)})")
@@ -109,11 +104,11 @@ def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id:
     if not lengths or min(lengths) < 1:
         raise PackingError("every text needs at least one token")
     rows, width = layout(lengths, row_tokens, balanced)
-    width = bucket(width, width_multiple)
+    width = -(-width // width_multiple) * width_multiple
     ids = np.full((len(rows), width), pad_id, np.int64)
     positions = np.zeros((len(rows), width), np.int64)
     segments = np.full((len(rows), width), -1, np.int64)
-    texts = 1 << (len(lengths) - 1).bit_length() if texts_pow2 else len(lengths)
+    texts = 1 << (len(lengths) - 1).bit_length() if width_multiple > 1 else len(lengths)
     pool = np.zeros((texts, len(rows) * width), np.float32)
     for r, members in enumerate(rows):
         offset = 0

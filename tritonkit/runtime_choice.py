@@ -88,17 +88,17 @@ def served_session(kind, model: str, path: Path):
     return open_variant(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads)
 
 
+def _variant_width_multiple(variant: str) -> int:
+    return int(dict(VARIANTS[variant][1]).get("packed_width_multiple", "1"))
+
+
 def width_multiple(kind, model: str) -> int:
     """The packed row-width bucket `model`'s backend uses (1: none)."""
-    return int(parameters_for(kind, model).get("packed_width_multiple", "1"))
+    return _variant_width_multiple(variant_for(kind, model))
 
 
-def _has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    try:
-        flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+def _has_bf16() -> bool:
+    return bool(envinfo.cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
 
 
 def served_file(path: Path) -> Path:
@@ -142,8 +142,7 @@ def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndar
     rng = np.random.default_rng(batch)
     mixes = [[texts[int(j)] for j in rng.choice(len(texts), batch, replace=False)] for _ in range(MIXES)]
     if path.name.endswith(".packed.onnx"):
-        multiple = int(dict(VARIANTS[variant][1]).get("packed_width_multiple", "1"))
-        return [kind.packed_feeds(m, width_multiple=multiple) for m in mixes]
+        return [kind.packed_feeds(m, width_multiple=_variant_width_multiple(variant)) for m in mixes]
     if hasattr(kind, "encode"):
         return [kind.encode(m) for m in mixes]
     return [kind.speed_feeds(batch)]
@@ -196,7 +195,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool) -> dict:
+def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime."""
@@ -210,7 +209,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool) -> dict:
     # The geometric mean over the served batch sizes: no single batch size decides.
     gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
              for v in variants}
-    record = {"file": paths.rel(file), "sha256": _digest(path), "threads": threads, "items_per_s": speed,
+    record = {"file": paths.rel(file), "sha256": digest, "threads": threads, "items_per_s": speed,
               "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {}}
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates.
     targets = kind.TARGETS if gated else [Target("cosine_min" if hasattr(kind, "DIM") else "top1_agreement", ">=",
@@ -246,12 +245,12 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
         files[kind.INT8_MODEL] = (int8, True)
     records = dict(current.get("models", {}))
     for model, (path, gated) in files.items():
-        old = records.get(model)
-        if not force and old and old.get("sha256") == _digest(path) and old.get("file") == paths.rel(served_file(path)):
+        old, digest, served = records.get(model), _digest(path), paths.rel(served_file(path))
+        if not force and old and old.get("sha256") == digest and old.get("file") == served:
             log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
             continue
-        log(f"{kind.NAME}: timing {paths.rel(served_file(path))} on {', '.join(runtimes.RUNTIMES)}")
-        records[model] = choose_model(kind, model, path, fp32, gated)
+        log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}")
+        records[model] = choose_model(kind, model, path, fp32, gated, digest)
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
         data["classes"][cpu_class] = {

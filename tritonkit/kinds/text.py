@@ -285,7 +285,7 @@ class TextEmbedding(Kind):
 
         ids = [np.asarray(e.ids, np.int64) for e in self._tokenizer(self.MAX_LENGTH).encode_batch(list(texts))]
         return packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id, balanced,
-                            width_multiple=width_multiple, texts_pow2=width_multiple > 1)
+                            width_multiple=width_multiple)
 
     def embed_packed(self, sess, texts: Sequence[str], batch_size: int = PACKED_BATCH) -> np.ndarray:
         """Embeddings in the input order, `batch_size` texts per packed run in that (arrival) order."""

@@ -57,7 +57,6 @@ class TritonPythonModel:
             self.pooling = self.session.metadata[packing.META_POOLING]
             self.row_tokens = int(param(config, "packed_row_tokens", str(packing.ROW_TOKENS)))
             self.width_multiple = int(param(config, "packed_width_multiple", "1"))
-            self.texts_pow2 = self.width_multiple > 1  # bucketed shapes: the text count too
         pb_utils.Logger.log_info(f"{self.name}: {self.session.describe()}, "
                                  f"{'packed batches from ' + packed.name if self.packed else 'buckets'}")
         self.dim = int(pb_utils.get_output_config_by_name(config, "embedding")["dims"][-1])
@@ -77,8 +76,7 @@ class TritonPythonModel:
         if self.packed:
             # Pad slots are masked out of every text, so any valid id will do (textproc.pad uses 0 too).
             feeds = packing.pack([np.asarray(e.ids, np.int64) for e in encodings], self.row_tokens, self.pooling,
-                                 width_multiple=self.width_multiple,
-                             texts_pow2=self.texts_pow2)
+                                 width_multiple=self.width_multiple)
             results, released = self.session.run(["embedding"], feeds, len(encodings))
             runs, fed, useful, out = 1, feeds["input_ids"].size, sum(len(e.ids) for e in encodings), results[0]
         else:

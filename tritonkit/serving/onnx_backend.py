@@ -121,7 +121,6 @@ class OnnxModel:
                 self.pooling = meta[packing.META_POOLING]
                 self.row_tokens = int(param(self.config, "packed_row_tokens", str(packing.ROW_TOKENS)))
                 self.width_multiple = int(param(self.config, "packed_width_multiple", "1"))
-                self.texts_pow2 = self.width_multiple > 1  # bucketed shapes: the text count too
                 self.pad_id = int(float(param(self.config, "pad_value.input_ids", "0")))
                 pb_utils.Logger.log_info(f"{self.name}: packed batches from {packed_name} ({self.pooling} pooling, "
                                          f"rows of {self.row_tokens} tokens)")
@@ -232,8 +231,7 @@ class OnnxModel:
                 if not keep.any():
                     raise _RequestError("input 'attention_mask': a text with no tokens (all zeros)")
                 texts.append(row[keep])
-        feeds = packing.pack(texts, self.row_tokens, self.pooling, self.pad_id, width_multiple=self.width_multiple,
-                             texts_pow2=self.texts_pow2)
+        feeds = packing.pack(texts, self.row_tokens, self.pooling, self.pad_id, width_multiple=self.width_multiple)
         tokens = sum(len(t) for t in texts)
         return feeds, feeds["input_ids"].size, feeds["input_ids"].size - tokens
 
