@@ -8,13 +8,15 @@ Each variant is a scratch model repository holding the spec's ensemble, its prep
 tritonserver and driven closed-loop by 16 callers: texts by the perf lab's HTTP load generator
 (tritonkit.peers.http_point, one real benchmark text per request), images by tritonkit.load's gRPC generator (one
 of the lab's JPEG photos per request). While it runs, the CPU time of every process (tritonserver, each Python
-stub, the load generator) is read from /proc (tritonkit.load, as the soak does). Variants are interleaved; the
-median of the repeats is printed.
+stub, the load generator) is read from /proc (tritonkit.load, as the soak does). For text, the server's CPU per
+text (every tritonserver process) is set against the same INT8 file run in this process on the runtime and
+parameters of the encoder's config, tokenize + pack + run, at the batch sizes the server ran (Triton's batch
+statistics) in the same proportions. Variants are interleaved; the median of the repeats is printed.
 
 Text variants (the encoder's config):
   generated    the configs as `python -m tritonkit.generate` writes them
   buckets      the encoder without its packed graph: padded length buckets (ragged_max_padding)
-  delay_2000   the encoder's dynamic batcher waiting up to 2000 us for more requests (the earlier default)
+  delay_500, delay_2000  the encoder's dynamic batcher waiting up to 500 / 2000 us for more requests
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
   fused_delay_500, fused_delay_1000  the fused model's dynamic batcher waiting up to 500 / 1000 us
   instances_1x2  one encoder instance of two threads (bigger batches, one copy of the weights read per run)
@@ -39,6 +41,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import data, kinds, lab, load, paths, peers
+from tritonkit.kinds.text import OUTPUT
 from tritonkit.server import TritonServer
 from tritonkit.serving.runtimes import THREAD_PARAMETER
 
@@ -78,7 +81,8 @@ def _edit_runtime(runtime: str):
 
 
 FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
-VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_2000": _edit_delay(2000), FUSED: None,
+VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": _edit_delay(500),
+                      "delay_2000": _edit_delay(2000), FUSED: None,
                       "instances_1x2": _edit_instances(1, 2), "fused_instances_1x2": _edit_instances(1, 2),
                       "fused_delay_500": _edit_delay(500),
                       "fused_delay_1000": _edit_delay(1000), "onnxruntime": _edit_runtime("onnxruntime"),
@@ -129,12 +133,66 @@ def _driver(unit: str, server, items: list, model: str):
     return drive
 
 
+def batch_counts(http_url: str, model: str) -> dict[int, int]:
+    """{batch size: executions so far} of `model` (Triton's statistics API)."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http_url)
+    try:
+        stats = client.get_inference_statistics(model)["model_stats"][0]
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+    finally:
+        client.close()
+
+
+def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: list[str], seconds: float = 3.0
+                      ) -> float:
+    """CPU ms per text of the file the served encoder ran, on the runtime and parameters of its (edited) config,
+    in this process: tokenize + pack (or pad) + run, over the batch sizes the server ran in the same proportions."""
+    import time
+
+    import numpy as np
+
+    from tritonkit import runtime_choice
+    from tritonkit.serving import runtimes
+
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    runtime = params.get("runtime", cfg.backend) if cfg.backend == "python" else cfg.backend
+    path = paths.MODEL_REPOSITORY / kind.INT8_MODEL / "1" / "model.onnx"
+    packed = runtime_choice.served_file(path)
+    if "packed_model" in params or cfg.backend == "python":
+        path = packed
+    runner = runtimes.open_runner(runtime, path, {"name": cfg.name,
+                                                  "parameters": {k: {"string_value": v} for k, v in params.items()}})
+    multiple = int(params.get("packed_width_multiple", "1"))
+    rng = np.random.default_rng(0)
+    total = sum(counts.values())
+    sizes = [b for b, n in counts.items() for _ in range(max(1, round(64 * n / total)))]
+    calls = [[texts[int(j)] for j in rng.choice(len(texts), b, replace=False)] for b in sizes]
+
+    def run(batch: list[str]) -> None:
+        feeds = kind.packed_feeds(batch, width_multiple=multiple) if path.name.endswith(".packed.onnx") \
+            else kind.encode(batch)
+        feeds = {k: v for k, v in feeds.items() if k in runner.input_names}
+        runner.run([OUTPUT], feeds, len(next(iter(feeds.values()))))
+    for batch in calls:  # every shape once, as the server had warmed up
+        run(batch)
+    cpu0, wall0, done = time.process_time(), time.perf_counter(), 0
+    while time.perf_counter() - wall0 < seconds:
+        for batch in calls:
+            run(batch)
+            done += len(batch)
+    return (time.process_time() - cpu0) * 1000 / done
+
+
 def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, \
             TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused),
                                        models=models(kind, fused)) as server:
         drive = _driver(unit, server, items, models(kind, fused)[0])
         drive(2.0)  # warm-up
+        compute_model = models(kind, fused)[0] if fused else kind.INT8_MODEL
+        counts_before = batch_counts(server.http_url, compute_model)
 
         def snapshot() -> dict[str, float]:
             """CPU seconds so far per process of the server's group, stubs summed per model."""
@@ -147,10 +205,19 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
         before, mine, wall = snapshot(), os.times(), os.times().elapsed
         rate, p50, p99 = drive(seconds)
         after, mine_after, wall = snapshot(), os.times(), os.times().elapsed - wall
+        counts = {b: n - counts_before.get(b, 0) for b, n in batch_counts(server.http_url, compute_model).items()}
+        cfg = text_format.Parse((Path(tmp) / compute_model / "config.pbtxt").read_text(), mc.ModelConfig())
     out = {f"{unit}/s": rate, "p50 ms": p50, "p99 ms": p99}
     for role in sorted(after):
         out[f"cores: {role}"] = (after[role] - before.get(role, 0.0)) / wall
     out["cores: load generator"] = (mine_after.user + mine_after.system - mine.user - mine.system) / wall
+    counts = {b: n for b, n in counts.items() if n > 0}
+    out["mean batch"] = sum(b * n for b, n in counts.items()) / max(1, sum(counts.values()))
+    if unit == "texts":  # every tritonserver process against the same file run in-process at the same batch sizes
+        server_ms = 1000 * sum(v - before.get(k, 0.0) for k, v in after.items()) / (rate * wall)
+        out["server CPU ms/text"] = server_ms
+        out["in-process CPU ms/text"] = in_process_cpu_ms(kind, cfg, counts, items)
+        out["server ÷ in-process CPU"] = server_ms / out["in-process CPU ms/text"]
     return out
 
 

@@ -29,7 +29,10 @@ def serves(name: str) -> str:
     from tritonkit import kinds, runtime_choice
 
     kind = kinds.get(name)
-    return f"{int8.served_label(name)} on {runtime_choice.variant_for(kind, kind.INT8_MODEL)}"
+    variant = runtime_choice.variant_for(kind, kind.INT8_MODEL)
+    graph = int8.served_label(name)
+    return f"{graph} on {variant}" + (" (the FP32 graph computed in bf16)" if graph != "INT8" and "bf16" in variant
+                                      else "")
 
 
 def text_demo(server: TritonServer) -> None:
@@ -44,6 +47,7 @@ def text_demo(server: TritonServer) -> None:
     print(f"\n== text_embedding (all-MiniLM-L6-v2, {serves('text_embedding')}): {len(corpus)} sentences from the "
           "standard-library docs, "
           f"embedded over gRPC by tritonkit_client ==")
+    print(f"   {int8.floor_summary('text_embedding')}")
     vectors = embed(corpus, url=server.grpc_url, protocol="grpc", batch_size=32, concurrency=4).vectors
     found = embed(queries, url=server.http_url)
     for query, vector in zip(queries, found.vectors):
@@ -63,6 +67,7 @@ def image_demo(server: TritonServer) -> None:
     print(f"\n== image_classification (EfficientNet-Lite0, {serves('image_classification')}): {len(photos)} "
           "bundled photos sent as "
           "JPEG/PNG/WebP bytes over HTTP, top-3 via the classification extension ==")
+    print(f"   {int8.floor_summary('image_classification')}")
     for name, fmt, preds in zip(names, fmts * 2, image.classify(photos, top_k=3, url=server.http_url)):
         print(f"\n{name} ({fmt}):")
         for p in preds:

@@ -5,7 +5,8 @@
 - image: the naive first attempt: plain PIL decode + resize + crop per image, torch FP32 at batch 32;
 - the in-process ceiling: our own built ONNX models (INT8 as served, and FP32) on the runtime their config names
   (tritonkit.runtime_choice), all cores, fed like the server feeds them (the model's tokenizer.json via
-  `tokenizers`, length-sorted batches of 32; Pillow
+  `tokenizers`, length-sorted batches of 32; and the served file, packed, in calls of 32 in arrival order, as the
+  in-process peers are batched; Pillow
   decode + the project's preprocessing, batches of 32), with no server in between.
 
 Benchmarks, the perf lab and the CI ratio gate all compare against these, so a ratio means the same everywhere.
@@ -142,6 +143,28 @@ def onnx_text(texts: Sequence[str], seconds: float, model: str = "text_embedding
                            warmup=2, items_per_call=batch,
                            label=f"tritonkit {_precision_label(kind, precision)} ONNX in-process ({runtime}, "
                                  f"sorted batches of {batch})")
+
+
+def onnx_text_calls(texts: Sequence[str], seconds: float, model: str = "text_embedding", batch: int = ONNX_BATCH
+                    ) -> PerfPoint:
+    """Our served INT8 file (its packed form where built) on its served runtime, batched as the in-process peers
+    are: calls of `batch` consecutive texts in arrival order, nothing sorted across calls; tokenize + pack + run."""
+    from tritonkit import kinds, runtime_choice
+    from tritonkit.kinds.text import OUTPUT
+
+    kind = kinds.get(model)
+    name = kind.INT8_MODEL
+    variant = runtime_choice.variant_for(kind, name)
+    path = runtime_choice.served_file(onnx_file(model, "int8"))
+    sess = runtime_choice.open_variant(variant, path, usable_cpus())
+    multiple = runtime_choice.width_multiple(kind, name)
+    feed = (lambda b: kind.packed_feeds(b, width_multiple=multiple)) if path.name.endswith(".packed.onnx") \
+        else kind.encode
+    calls = [list(texts[i : i + batch]) for i in range(0, len(texts) - batch + 1, batch)]
+    return time_in_process(lambda b: sess.run([OUTPUT], feed(b)), calls, 1, duration_s=seconds, warmup=len(calls),
+                           items_per_call=batch,
+                           label=f"tritonkit {_precision_label(kind, 'int8')} served file in-process ({variant}, "
+                                 f"{path.name}, calls of {batch} in arrival order, as the peers)")
 
 
 def onnx_image(images: Sequence[bytes], seconds: float, model: str = "image_classification",

@@ -82,8 +82,9 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
             if only is not None and form != only:
                 continue
             _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
+            half = form_floor(spec, fp32, form)
             result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
-                            log=_log, workspace=workspace, exact=form == "tensorrt").run()
+                            log=_log, workspace=workspace, exact=form == "tensorrt", floor=half).run()
             full[form] = result.to_json()
             entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
@@ -92,6 +93,7 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 "search_seconds": result.seconds,
                 "validation": result.validation,
                 "test": result.test,
+                "floor": half,
                 "env": envinfo.fingerprint(),
             }
             # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
@@ -155,6 +157,35 @@ def served_label(name: str) -> str:
     return "FP32 fallback" if status == FALLBACK else "INT8"
 
 
+def floor_summary(name: str) -> str:
+    """One line on the served form's gates, from this build's report: INT8's test-split result beside the
+    half-precision floor and the gate it set, or why the FP32 graph is served, with the floor beside."""
+    from tritonkit import models
+
+    spec = models.get(name)
+    path = report_path(spec)
+    if not path.exists():
+        return "no INT8 report yet"
+    report = json.loads(path.read_text())
+    half = report.get("floor") or {}
+    floor_test = half.get("test", {})
+    bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
+    cells = []
+    for t in spec.TARGETS:
+        got = report.get("test", {}).get(t.metric)
+        cell = t.metric + (f" {got:.4f}" if got is not None else "")
+        if t.metric in floor_test:
+            cell += f" (floor {floor_test[t.metric]:.4f}, gate {bounds.get(t.metric, t.value)})"
+        cells.append(cell)
+    if "test" in half:
+        where = f"beside the {half['precision']} floor"
+    else:
+        where = f"absolute gates ({half.get('unavailable') or 'a report from before floors: rebuild'})"
+    if report.get("status") == FALLBACK:
+        return f"no INT8 candidate met its gates ({report.get('reason', '')[:160]}); {where}: " + "; ".join(cells)
+    return f"INT8, test split, {where}: " + "; ".join(cells)
+
+
 def all_classes_fall_back(spec) -> bool:
     """Every CPU class's committed served search found no INT8 candidate: the INT8 name holds FP32 everywhere."""
     served = (committed_recipes(spec) or {}).get("served") or {}
@@ -171,6 +202,19 @@ class Outcome:
     missed: list[str]
 
 
+def form_floor(spec, fp32: Path, form: str) -> dict:
+    """The FP32 graph's metrics at the half precision `form` competes with (tritonkit.floor), logged."""
+    from tritonkit import floor
+
+    half = floor.measure(spec, fp32, floor.PRECISION[form])
+    if "unavailable" in half:
+        _log(f"{spec.NAME}: no {half['precision']} floor for the {form} form: {half['unavailable']}; absolute gates")
+    else:
+        _log(f"{spec.NAME}: {form} form's {half['precision']} floor (test split): "
+             + ", ".join(f"{t.metric} {half['test'].get(t.metric, float('nan')):.4f}" for t in spec.TARGETS))
+    return half
+
+
 def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
     from tritonkit.quantize import artefact_int8_share, quantize, quantized_ops
@@ -179,8 +223,17 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                     "recipe_file": paths.rel(recipe_path(spec)), "env": envinfo.fingerprint(),
                     "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
-    targets = list(spec.TARGETS) + ([spec.SPEED_TARGET] if form == "served" else [])
-    report["gates"] = [{**asdict(t)} for t in targets]
+    from tritonkit import floor
+
+    half = form_floor(spec, fp32, form)
+    targets = {split: floor.targets(spec, floor.split_floor(half, split)) for split in ("validation", "test")}
+    report["floor"] = half
+    # One row per gate: the absolute bound, the floor-judged bound of each split, and the catastrophe bounds.
+    report["gates"] = [{**asdict(t), "absolute": next((a.value for a in spec.TARGETS if a.metric == t.metric), None),
+                        "validation": t.value, "test": targets["test"][i].value}
+                       for i, t in enumerate(targets["validation"])]
+    if form == "served":
+        report["gates"].append({**asdict(spec.SPEED_TARGET)})
     borrowed, here = entry.get("borrowed_from"), envinfo.int8_class()
     if borrowed:
         report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
@@ -205,7 +258,7 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     metrics = {split: Evaluator(spec, fp32, split).metrics(tmp, exact=form == "tensorrt")
                for split in ("validation", "test")}
     speed = speedup(spec, fp32, tmp, spec.SPEED_BATCHES) if form == "served" else {}
-    miss = [f"{split}: {m}" for split in metrics for m in missed(spec.TARGETS, metrics[split])]
+    miss = [f"{split}: {m}" for split in metrics for m in missed(targets[split], metrics[split])]
     if form == "served" and not spec.SPEED_TARGET.met(speed):
         miss += missed([spec.SPEED_TARGET], speed)
     share = artefact_int8_share(tmp, spec.WEIGHT_OPS)
@@ -285,6 +338,33 @@ def served_problems(spec) -> list[str]:
     return problems
 
 
+def _floor_lines(report: dict) -> list[str]:
+    """Gates beside the half-precision floor: absolute bound, floor, the bound judged against it, INT8's result."""
+    half = report.get("floor") or {}
+    if "unavailable" in half:
+        head = [f"No {half.get('precision')} floor here ({half['unavailable']}): the absolute gates decide.", ""]
+    elif half:
+        head = [f"Floor: the FP32 graph at {half['precision']} ({half.get('how')}), scored like INT8. A gate passes "
+                "within the kind's slack of the floor or at the absolute bound, whichever is looser, never below the "
+                "catastrophe bounds (tritonkit.floor).", ""]
+    else:
+        head = []
+    lines = [*head, "| gate | absolute | floor val / test | bound val / test | INT8 val / test |",
+             "|---|---|---|---|---|"]
+    for g in report["gates"]:
+        m = g["metric"]
+        if m == "int8_speedup":
+            lines.append(f"| {m} {g['op']} | {g['value']} | | | {_f(report.get('speed', {}).get(m))} |")
+            continue
+        floor = " / ".join(_f((half.get(split) or {}).get(m)) for split in ("validation", "test")) if half else ""
+        bound = f"{g.get('validation', g['value'])} / {g.get('test', g['value'])}"
+        got = " / ".join(_f(report.get(split, {}).get(m)) for split in ("validation", "test"))
+        absolute = g.get("absolute", g["value"])
+        lines.append(f"| {m} {g['op']} | {'catastrophe only' if absolute is None else absolute} | {floor} | {bound} "
+                     f"| {got} |")
+    return lines
+
+
 def render_markdown(report: dict) -> str:
     """A readable page: gates, metrics per split, speed per batch, float units and the search's steps."""
     lines = [f"# {report['model']} INT8 ({report['form']} form): {report['status'].upper()}", ""]
@@ -295,11 +375,7 @@ def render_markdown(report: dict) -> str:
         lines += [f"**No INT8 candidate passed; the FP32 model is served.** {report.get('reason', '')}", ""]
     else:
         lines += [f"Recipe: `{report.get('recipe_summary')}` from `{report['recipe_file']}`.", ""]
-        lines += ["| gate | validation | test | speed |", "|---|---|---|---|"]
-        for g in report["gates"]:
-            v, t = report.get("validation", {}).get(g["metric"]), report.get("test", {}).get(g["metric"])
-            s = report.get("speed", {}).get(g["metric"])
-            lines.append(f"| {g['metric']} {g['op']} {g['value']} | {_f(v)} | {_f(t)} | {_f(s)} |")
+        lines += _floor_lines(report)
         speed = report.get("speed", {})
         if speed:
             lines += ["", "| batch | FP32 ms | INT8 ms | speed-up |", "|---|---|---|---|"]
@@ -401,8 +477,12 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
                          f"{paths.rel(out)}; this build replayed the committed recipe):_\n\n"
                          + earlier[spec.NAME, form])
             pages.append(page)
-            test = report.get("test", {})
-            accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}" for t in spec.TARGETS if t.metric in test)
+            test, half = report.get("test", {}), (report.get("floor") or {}).get("test", {})
+            bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
+            # Result, then the floor and the bound it sets (a bare result: no floor on this CPU, absolute gates).
+            accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}"
+                                 + (f" (floor {half[t.metric]:.4f}, gate {bounds.get(t.metric, t.value)})"
+                                    if t.metric in half else "") for t in spec.TARGETS if t.metric in test)
             speed = report.get("speed", {}).get("int8_speedup")
             rows.append(f"| {spec.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "
                         f"{accuracy or '-'} | {f'{speed:.2f}x' if speed else '-'} |")
@@ -410,7 +490,8 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
     out.write_text("\n".join(pages))
     page = paths.rel(out)
     table = "\n".join([f"CPU INT8 class `{cpu}`. {head}", "",
-                       "| model | form | status | recipe | test split | INT8 vs FP32 (slowest batch) |",
+                       "| model | form | status | recipe | test split: INT8 (half-precision floor, gate) | "
+                       "INT8 vs FP32 (slowest batch) |",
                        "|---|---|---|---|---|---|", *rows, "", f"Full reports and the search steps: [{page}]({page})."])
     text = readme.read_text()
     begin, end = README_MARKERS

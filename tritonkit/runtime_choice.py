@@ -199,6 +199,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime."""
+    from tritonkit import floor
     from tritonkit.search import Target, missed
 
     s = kind.spec.serving
@@ -211,9 +212,13 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
              for v in variants}
     record = {"file": paths.rel(file), "sha256": digest, "threads": threads, "items_per_s": speed,
               "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {}}
-    # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates.
-    targets = kind.TARGETS if gated else [Target("cosine_min" if hasattr(kind, "DIM") else "top1_agreement", ">=",
-                                                 kind.EXPORT.tolerance if hasattr(kind, "DIM") else 0.995)]
+    # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
+    # graph's bf16 floor as the INT8 build judged it (tritonkit.floor).
+    if gated:
+        targets = floor.targets(kind, floor.split_floor(floor.measure(kind, fp32, floor.PRECISION["served"]), "test"))
+    else:
+        text = hasattr(kind, "DIM")
+        targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
     runtime, reasons = DEFAULT, []
     for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
         if gains[variant] < MIN_GAIN:

@@ -344,8 +344,15 @@ class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
                  budget_s: float | None = None, progress: bool = True, log: Callable = print,
-                 workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None):
+                 workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None,
+                 floor: dict | None = None):
+        from tritonkit import floor as floors
+
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
+        # The gates of each split, judged against the FP32 graph's half-precision floor there (tritonkit.floor).
+        self.floor = floor
+        self.targets = {split: floors.targets(spec, floors.split_floor(floor, split))
+                        for split in ("validation", "test")}
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
         self.exact = exact  # judge candidates by exact INT8 arithmetic (a GPU form), not this CPU's kernels
@@ -357,7 +364,7 @@ class Search:
         self.budget_s = budget_s  # wall-clock cap: past it the search stops adding work and reports what it has
         self._deadline = float("inf")
         # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
-        self.rank_targets = [*spec.TARGETS, *getattr(spec, "PROXY_TARGETS", [])]
+        self.rank_targets = [*self.targets["validation"], *getattr(spec, "PROXY_TARGETS", [])]
         self.steps: list[Step] = []
         self.sensitivity: list[dict] = []
         self._own = workspace is None  # a workspace passed in outlives this search; its owner closes it
@@ -439,9 +446,9 @@ class Search:
         if speed and self.check_speed:
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3)["int8_speedup"]
         step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
-                    passes(self.spec.TARGETS, metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
+                    passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
         self.steps.append(step)
-        self.log(f"  {stage:<11} {change:<42} {_summary(self.spec.TARGETS, metrics)}"
+        self.log(f"  {stage:<11} {change:<42} {_summary(self.targets['validation'], metrics)}"
                  + (f" speed x{sp:.2f}" if sp is not None else "") + (" PASS" if step.passed else ""))
         return step
 
@@ -701,8 +708,8 @@ class Search:
         validation = self.val.metrics(model, exact=self.exact)
         self.log("[search] confirming once on the test split")
         test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
-        ok_test = passes(self.spec.TARGETS, test)
-        reason = "" if ok_test else "test split: " + "; ".join(missed(self.spec.TARGETS, test))
+        ok_test = passes(self.targets["test"], test)
+        reason = "" if ok_test else "test split: " + "; ".join(missed(self.targets["test"], test))
         return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
                             chosen=recipe)
 

@@ -13,6 +13,10 @@ from tritonkit.specs import Spec, SpecError
 class Kind:
     WEIGHT_OPS: tuple[str, ...] = ()
     DEFAULT_GATES: ClassVar[dict[str, float]] = {}
+    # Per gate metric, how far under the FP32 graph's half-precision floor INT8 may fall; and the bounds no floor
+    # loosens (tritonkit.floor.targets).
+    FLOOR_SLACK: ClassVar[dict[str, float]] = {}
+    CATASTROPHE: ClassVar[tuple[Target, ...]] = ()
     SPEED_BATCHES: tuple[int, ...] = (1, 8, 32)
     DATA_FILES: tuple[Path, ...] = ()
 
