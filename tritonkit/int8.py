@@ -175,7 +175,7 @@ def floor_summary(name: str) -> str:
         got = report.get("test", {}).get(t.metric)
         cell = t.metric + (f" {got:.4f}" if got is not None else "")
         if t.metric in floor_test:
-            cell += f" (floor {floor_test[t.metric]:.4f}, gate {bounds.get(t.metric, t.value)})"
+            cell += f" (floor {floor_test[t.metric]:.4f}, gate {bounds.get(t.metric, t.value):.4f})"
         cells.append(cell)
     if "test" in half:
         where = f"beside the {half['precision']} floor"
@@ -481,7 +481,7 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
             bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
             # Result, then the floor and the bound it sets (a bare result: no floor on this CPU, absolute gates).
             accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}"
-                                 + (f" (floor {half[t.metric]:.4f}, gate {bounds.get(t.metric, t.value)})"
+                                 + (f" (floor {half[t.metric]:.4f}, gate {bounds.get(t.metric, t.value):.4f})"
                                     if t.metric in half else "") for t in spec.TARGETS if t.metric in test)
             speed = report.get("speed", {}).get("int8_speedup")
             rows.append(f"| {spec.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "

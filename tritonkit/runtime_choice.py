@@ -77,8 +77,12 @@ def variant_for(kind, model: str) -> str:
 
 
 def parameters_for(kind, model: str) -> dict[str, str]:
-    """The config parameters the chosen variant adds (OpenVINO's bf16 hint, by its native name)."""
-    return dict(VARIANTS[variant_for(kind, model)][1])
+    """The config parameters the chosen variant adds (OpenVINO's bf16 hint, by its native name; the packing bucket
+    only for a kind that packs)."""
+    params = dict(VARIANTS[variant_for(kind, model)][1])
+    if not getattr(kind, "packable", False):
+        params.pop("packed_width_multiple", None)
+    return params
 
 
 def served_session(kind, model: str, path: Path):
