@@ -32,6 +32,7 @@ from tritonkit.search import missed, run_batches, session
 
 VARIANTS_ONNX = ("onnxruntime", "openvino", "openvino-bf16")
 VARIANTS_IR = ("openvino", "openvino-bf16")
+CANDIDATES = ("nncf-onnx", "nncf-onnx-ac", "nncf-openvino", "nncf-openvino-ac")
 
 
 def _first(kind) -> str:
@@ -44,8 +45,9 @@ class _Ov:
     def __init__(self, model):
         import openvino as ov
 
-        core = ov.Core()
-        self.compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        # NNCF's accuracy control hands validation_fn a model it compiled itself (OpenVINO's default precision).
+        self.compiled = model if isinstance(model, ov.CompiledModel) else \
+            ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         self.names = {p.get_any_name() for p in self.compiled.inputs}
 
     def outputs(self, batches) -> np.ndarray:
@@ -57,7 +59,14 @@ def _onnx_outputs(model, batches) -> np.ndarray:
     return run_batches(session(model), batches)
 
 
-def _validation_fn(kind, ref: dict[int, np.ndarray], run: Callable) -> Callable:
+def _key(batch) -> str:
+    """A validation item by content: NNCF hands validation_fn copies of the dataset's items."""
+    import hashlib
+
+    return hashlib.sha1(b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch))).hexdigest()
+
+
+def _validation_fn(kind, ref: dict[str, np.ndarray], run: Callable) -> Callable:
     """NNCF's validation_fn: (model, items) -> (metric over the items, per-item values), the kind's first gate
     metric against FP32's outputs of the same items."""
     metric = _first(kind)
@@ -65,13 +74,13 @@ def _validation_fn(kind, ref: dict[int, np.ndarray], run: Callable) -> Callable:
     def validate(model, items) -> tuple[float, list[float]]:
         items = list(items)
         got = [run(model, [b]) for b in items]
-        refs = [ref[id(b)] for b in items]
+        refs = [ref[_key(b)] for b in items]
         per_item = [kind.gate_metrics(r, g)[metric] for r, g in zip(refs, got, strict=True)]
         return kind.gate_metrics(np.concatenate(refs), np.concatenate(got))[metric], per_item
     return validate
 
 
-def candidates(kind, fp32: Path, budget_s: float, log=print) -> dict[str, dict]:
+def candidates(kind, fp32: Path, budget_s: float, log=print, only: Sequence[str] | None = None) -> dict[str, dict]:
     """{name: {"seconds", "path" (or "error")}}: each NNCF candidate made from `fp32` (written under a temp dir the
     caller keeps)."""
     import nncf
@@ -82,7 +91,7 @@ def candidates(kind, fp32: Path, budget_s: float, log=print) -> dict[str, dict]:
     calib = nncf.Dataset(list(kind.calibration_batches()))
     size = kind.calibration_batch_count()
     val = kind.eval_batches("validation")
-    ref = dict(zip((id(b) for b in val), (run_batches(session(fp32), [b]) for b in val), strict=True))
+    ref = {_key(b): run_batches(session(fp32), [b]) for b in val}
     val_set = nncf.Dataset(val)
     half = floor.split_floor(floor.measure(kind, fp32, floor.PRECISION["served"]), "validation")
     bound = next(t.value for t in floor.targets(kind, half) if t.metric == _first(kind))
@@ -103,6 +112,8 @@ def candidates(kind, fp32: Path, budget_s: float, log=print) -> dict[str, dict]:
     }
     out: dict[str, dict] = {}
     for name, make in makers.items():
+        if only and name not in only:
+            continue
         log(f"[nncf] {kind.NAME}: {name} ...")
         t0 = time.perf_counter()
         try:
@@ -124,12 +135,11 @@ def candidates(kind, fp32: Path, budget_s: float, log=print) -> dict[str, dict]:
     return out
 
 
-def evaluate(kind, fp32: Path, path: Path) -> dict[str, dict[str, float]]:
-    """Gate metrics per split against FP32 under onnxruntime; an IR on OpenVINO f32."""
+def evaluate(kind, refs: dict[str, tuple[list, np.ndarray]], path: Path) -> dict[str, dict[str, float]]:
+    """Gate metrics per split against FP32 under onnxruntime (`refs`: split -> (batches, FP32 outputs)); an IR on
+    OpenVINO f32."""
     out = {}
-    for split in ("validation", "test"):
-        batches = kind.eval_batches(split)
-        ref = run_batches(session(fp32), batches)
+    for split, (batches, ref) in refs.items():
         if path.suffix == ".xml":
             import openvino as ov
 
@@ -153,7 +163,7 @@ def speeds(kind, files: dict[str, Path], threads: int) -> dict[str, dict[str, fl
     return out
 
 
-def compare(name: str, budget_s: float, log=print) -> dict:
+def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = None) -> dict:
     from tritonkit import build, int8, models
 
     kind = models.get(name)
@@ -161,15 +171,17 @@ def compare(name: str, budget_s: float, log=print) -> dict:
     ours = build.artefact(kind.INT8_MODEL)
     report = json.loads(int8.report_path(kind).read_text()) if int8.report_path(kind).exists() else {}
     recipe = (int8.load_recipes(kind) or {}).get("served", {})
-    made = candidates(kind, fp32, budget_s, log)
+    made = candidates(kind, fp32, budget_s, log, only)
     rows: dict[str, dict] = {"fp32": {"path": str(fp32)}}
     if report.get("status") == "passed":
         rows["ours"] = {"path": str(ours), "seconds": recipe.get("search_seconds"),
                         "recipe": report.get("recipe_summary")}
     rows.update(made)
+    refs = {split: (b, run_batches(session(fp32), b)) for split in ("validation", "test")
+            for b in [kind.eval_batches(split)]}
     for row in rows.values():
         if "path" in row and row is not rows["fp32"]:
-            row["metrics"] = evaluate(kind, fp32, Path(row["path"]))
+            row["metrics"] = evaluate(kind, refs, Path(row["path"]))
             judged = {split: floor.targets(kind, floor.split_floor(floor.measure(kind, fp32, "bf16"), split))
                       for split in ("validation", "test")}
             row["missed"] = [f"{s}: {m}" for s in judged for m in missed(judged[s], row["metrics"][s])]
@@ -215,12 +227,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("names", nargs="+")
     parser.add_argument("--budget-minutes", type=float, default=15.0)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--only", nargs="+", choices=CANDIDATES, help="only these NNCF candidates")
     args = parser.parse_args(argv)
     import nncf
 
     results = []
     for name in args.names:
-        results.append(compare(name, args.budget_minutes * 60))
+        results.append(compare(name, args.budget_minutes * 60, only=args.only))
     print(f"\n`python -m tritonkit.nncf_compare {' '.join(args.names)}`, {datetime.date.today()}, "
           f"{envinfo.cpu_model()}, CPU INT8 class {envinfo.int8_class()}, NNCF {nncf.__version__}, "
           f"versions {json.dumps(envinfo.versions())}\n")

@@ -126,8 +126,8 @@ class OpenVinoRunner:
         self.input_names = {name for port in self.compiled.inputs for name in port.get_names()}
         self.input_shapes = {name: [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
                              for port in self.compiled.inputs for name in port.get_names()}
-        # OpenVINO drops ONNX metadata_props; the packed pooling and fallback marks live there.
-        meta = onnx.load(str(path), load_external_data=False).metadata_props
+        # OpenVINO drops ONNX metadata_props; the packed pooling and fallback marks live there (an IR has none).
+        meta = onnx.load(str(path), load_external_data=False).metadata_props if Path(path).suffix == ".onnx" else []
         self.metadata = {p.key: p.value for p in meta}
         self.client_errors = ()
         # Only onnxruntime keeps an arena to release; the counter stays 0 here.
