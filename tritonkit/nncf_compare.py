@@ -202,8 +202,9 @@ def markdown(result: dict, kind) -> list[str]:
              "|---|---:|" + "---:|" * len(metrics) + "---|---|---:|"]
     for name, row in rows.items():
         if "error" in row:
+            error = row["error"].replace("|", "\\|")
             lines.append(f"| {name} | {row['seconds']:.0f} | " + " | ".join("" for _ in metrics)
-                         + f" | failed: {row['error']} | | |")
+                         + f" | failed: {error} | | |")
             continue
         test = row.get("metrics", {}).get("test", {})
         speed = row.get("items_per_s", {})
