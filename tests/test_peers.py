@@ -45,7 +45,7 @@ def test_peer_table_states_served_over_every_contender_and_tokens():
     assert [r["where"] for r in rows.values()] == ["served", "server", "server", "in-process"]
     md = "\n".join(lab.peer_markdown(pipe, result))
     assert "| Infinity | server | 16 | 275.0 | 3438 | 10.0 | 20.0 | 2.18× | 2.00× | 1.82× |" in md
-    assert "in-process INT8 ceiling ÷ it |" in md
+    assert "our INT8 file in-process ÷ it |" in md
     assert "skipped: TEI: not installable" in md
 
 

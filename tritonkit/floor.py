@@ -78,7 +78,10 @@ def _fp16_run(fp32: Path):
     from onnxconverter_common.float16 import convert_float_to_float16
 
     model = convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True, disable_shape_infer=False)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as err:  # the converter's graph is not always loadable (e.g. a Cast it retyped); say so
+        raise Unavailable(f"the float16 conversion of this graph does not load: {str(err)[:200]}") from None
     names, output = {i.name for i in sess.get_inputs()}, sess.get_outputs()[0].name
 
     def run(batch: Mapping[str, np.ndarray]) -> np.ndarray:
