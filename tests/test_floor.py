@@ -104,7 +104,7 @@ def test_the_fp16_floor_is_the_graph_at_fp16(tiny):
 
 
 def test_the_bf16_floor_is_coarser_than_fp16(tiny):
-    if not floor._has_bf16():
+    if not envinfo.has_bf16():
         print(f"skipped: no native bf16 on this CPU ({envinfo.cpu_model()})")
         pytest.skip("no native bf16 on this CPU: the served form has no floor here, absolute gates decide")
     spec = _spec()

@@ -46,7 +46,7 @@ class _Bf16:
 
 def _bf16(fp32):
     """None where this CPU has no native bf16: no runtime computes it there, and the absolute gates stand."""
-    return _Bf16(fp32) if envinfo.cpu_flags(wanted=("avx512_bf16", "amx_bf16")) else None
+    return _Bf16(fp32) if envinfo.has_bf16() else None
 
 
 def _recorded_floor(kind) -> dict:

@@ -49,6 +49,11 @@ def int8_class(features: list[str] | None = None) -> str:
 
 
 @cache
+def has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (no runtime offers bf16 without it)."""
+    return bool(cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
+
+
 def fingerprint() -> dict:
     return {"packages": versions(), "cpu_int8_features": cpu_flags(), "machine": platform.machine(),
             "python": platform.python_version()}

@@ -46,9 +46,6 @@ def targets(spec, floor: Mapping[str, float] | None) -> list:
     return out + [b for m, b in bounds.items() if m not in {t.metric for t in spec.TARGETS}]
 
 
-def _has_bf16() -> bool:
-    return bool(envinfo.cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
-
 
 class Unavailable(Exception):
     """This machine cannot compute the precision (the reason names what is missing)."""
@@ -57,7 +54,7 @@ class Unavailable(Exception):
 def _bf16_run(fp32: Path):
     import openvino as ov
 
-    if not _has_bf16():
+    if not envinfo.has_bf16():
         raise Unavailable("no native bf16 on this CPU (avx512_bf16 / amx_bf16): no runtime computes bf16 here")
     core = ov.Core()
     compiled = core.compile_model(core.read_model(str(fp32)), "CPU",

@@ -157,7 +157,7 @@ def speeds(kind, files: dict[str, Path], threads: int) -> dict[str, dict[str, fl
     out = {}
     for name, path in files.items():
         variants = VARIANTS_IR if path.suffix == ".xml" else VARIANTS_ONNX
-        variants = [v for v in variants if v != "openvino-bf16" or floor._has_bf16()]
+        variants = [v for v in variants if v != "openvino-bf16" or envinfo.has_bf16()]
         timed = runtime_choice.time_variants(kind, path, variants, kind.SPEED_BATCHES, threads, repeats=5)
         out[name] = {v: round(float(np.exp(np.mean(np.log(list(b.values()))))), 1) for v, b in timed.items()}
     return out
@@ -179,17 +179,17 @@ def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = 
     rows.update(made)
     refs = {split: (b, run_batches(session(fp32), b)) for split in ("validation", "test")
             for b in [kind.eval_batches(split)]}
+    half = floor.measure(kind, fp32, floor.PRECISION["served"])
+    judged = {split: floor.targets(kind, floor.split_floor(half, split)) for split in ("validation", "test")}
     for row in rows.values():
         if "path" in row and row is not rows["fp32"]:
             row["metrics"] = evaluate(kind, refs, Path(row["path"]))
-            judged = {split: floor.targets(kind, floor.split_floor(floor.measure(kind, fp32, "bf16"), split))
-                      for split in ("validation", "test")}
             row["missed"] = [f"{s}: {m}" for s in judged for m in missed(judged[s], row["metrics"][s])]
     threads = kind.spec.serving.model_threads
     timed = speeds(kind, {k: Path(r["path"]) for k, r in rows.items() if "path" in r}, threads)
     for k, v in timed.items():
         rows[k]["items_per_s"] = v
-    return {"model": name, "rows": rows, "threads": threads, "floor": floor.measure(kind, fp32, "bf16"),
+    return {"model": name, "rows": rows, "threads": threads, "floor": half,
             "fallback": report.get("status") == int8.FALLBACK, "reason": report.get("reason")}
 
 

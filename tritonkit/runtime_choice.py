@@ -101,9 +101,6 @@ def width_multiple(kind, model: str) -> int:
     return _variant_width_multiple(variant_for(kind, model))
 
 
-def _has_bf16() -> bool:
-    return bool(envinfo.cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
-
 
 def served_file(path: Path) -> Path:
     """What the backend runs for `path`: its packed form where the build wrote one."""
@@ -209,7 +206,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     s = kind.spec.serving
     threads = s.model_threads if model == kind.INT8_MODEL else s.fp32_threads
     file = served_file(path)
-    variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and _has_bf16() else [])
+    variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
     speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads)
     # The geometric mean over the served batch sizes: no single batch size decides.
     gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
