@@ -41,6 +41,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import data, kinds, lab, load, paths, peers
+from tritonkit import repo_variants as rv
 from tritonkit.kinds.text import OUTPUT
 from tritonkit.server import TritonServer
 from tritonkit.serving.runtimes import THREAD_PARAMETER
@@ -64,30 +65,14 @@ def _edit_instances(count: int, threads: int):
     return edit
 
 
-def _edit_runtime(runtime: str):
-    """Serve the encoder (or the fused model's encoder) on `runtime`, same threads per instance."""
-    def edit(cfg: mc.ModelConfig) -> None:
-        threads = next((cfg.parameters[k].string_value for k in THREAD_PARAMETER.values() if k in cfg.parameters),
-                       "1")
-        for key in THREAD_PARAMETER.values():
-            if key in cfg.parameters:
-                del cfg.parameters[key]
-        cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads
-        if cfg.backend == "python":
-            cfg.parameters["runtime"].string_value = runtime
-        else:
-            cfg.backend = runtime
-    return edit
-
-
 FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
 VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": _edit_delay(500),
                       "delay_2000": _edit_delay(2000), FUSED: None,
                       "instances_1x2": _edit_instances(1, 2), "fused_instances_1x2": _edit_instances(1, 2),
                       "fused_delay_500": _edit_delay(500),
-                      "fused_delay_1000": _edit_delay(1000), "onnxruntime": _edit_runtime("onnxruntime"),
-                      "openvino": _edit_runtime("openvino"), "fused_onnxruntime": _edit_runtime("onnxruntime"),
-                      "fused_openvino": _edit_runtime("openvino")},
+                      "fused_delay_1000": _edit_delay(1000), "onnxruntime": rv.serve_on("onnxruntime"),
+                      "openvino": rv.serve_on("openvino"), "fused_onnxruntime": rv.serve_on("onnxruntime"),
+                      "fused_openvino": rv.serve_on("openvino")},
             "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_delay(0)}}
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tritonkit import build, load, paths
+from tritonkit import build, load, repo_variants
 from tritonkit.backend_utils import ArenaRelease, trim_heap
 from tritonkit.perf import metrics_counters
 
@@ -51,7 +51,7 @@ def _releases(server) -> float:
 
 
 @pytest.mark.slow
-def test_classifier_stub_memory_returns_after_burst(start_server):
+def test_classifier_stub_memory_returns_after_burst(start_server, tmp_path):
     from tritonkit import int8, kinds
 
     build.build("image", progress=False)
@@ -59,7 +59,10 @@ def test_classifier_stub_memory_returns_after_burst(start_server):
         # The floor-after-release behaviour was established on the INT8 graph; with the FP32 graph the floors
         # after later bursts stay well above the first release's (an open problem, not a pass).
         pytest.skip("image_classifier serves the FP32 fallback: the arena-floor check applies to its INT8 graph")
-    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=["image_classifier"])
+    # On onnxruntime whichever runtime the build chose: it serves wherever OpenVINO does not win (or bf16 is absent).
+    repo = repo_variants.make_variant(tmp_path / "ort", ["image_classifier"],
+                                      {"image_classifier": repo_variants.serve_on("onnxruntime")}, committed=False)
+    server = start_server(repo, model_control_mode="explicit", models=["image_classifier"])
     client = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), network_timeout=120)
     rng = np.random.default_rng(0)
 
@@ -87,15 +90,22 @@ def test_classifier_stub_memory_returns_after_burst(start_server):
     assert peak - released >= 100, (peak, released)
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
 
-    # Burst after burst the floor must stay at the first release's level: without malloc_trim glibc keeps freed
-    # arena chunks in its heap and the floor creeps up.
+    # Burst after burst the floor must stay at the level calm traffic alone needs: without malloc_trim glibc keeps
+    # freed arena chunks in its heap and the floor creeps up. Calm runs regrow the arena up to their largest batch
+    # (16 rows, under the release threshold), so that level is measured first, with no burst before it.
+    def calm() -> None:
+        for k in range(40):
+            infer(big[: 16 if k == 0 else int(rng.integers(9, 17)) if k % 8 == 0 else int(rng.integers(1, 5))])
+
+    calm()
+    calm_level = stub_pss()
     floors = []
     for _ in range(10):
         for _ in range(3):
             infer(big[: int(rng.integers(17, 65))])
-        for k in range(40):
-            infer(big[: int(rng.integers(9, 17)) if k % 8 == 0 else int(rng.integers(1, 5))])
+        calm()
         floors.append(stub_pss())
-    print(f"image_classifier stub PSS after each of 10 bursts + calm runs: {[round(f) for f in floors]} MiB")
+    print(f"image_classifier stub PSS: calm traffic {calm_level:.0f} MiB; after each of 10 bursts + calm runs: "
+          f"{[round(f) for f in floors]} MiB")
     assert _releases(server) == 11
-    assert float(np.median(floors[-5:])) <= released + 15, (released, floors)
+    assert float(np.median(floors[-5:])) <= calm_level + 15, (calm_level, floors)

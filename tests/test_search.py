@@ -437,6 +437,42 @@ def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
     np.testing.assert_allclose(run(), run(disabled_optimizers=["WeightBiasQuantization"]), atol=1e-5)
 
 
+def test_graph_outputs_stay_float_under_all_ops_placement(tmp_path):
+    """All-ops placement quantizes every tensor a quantized op reads or writes, graph outputs included: uint8
+    probabilities in steps of 1/255 no longer sum to 1. The outputs must come out of float ops, and the
+    probabilities must be the softmax of the served logits."""
+    import onnxruntime as ort
+    import torch
+
+    from tritonkit import quantize
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 1000)
+
+        def forward(self, x):
+            logits = self.fc(x)
+            return logits, torch.softmax(logits, -1)
+
+    torch.manual_seed(0)
+    path = tmp_path / "head.onnx"
+    torch.onnx.export(Head().eval(), (torch.zeros(1, 16),), str(path), input_names=["x"],
+                      output_names=["logits", "probabilities"], dynamic_axes={"x": {0: "b"}}, opset_version=17,
+                      dynamo=False)
+    x = np.random.default_rng(0).normal(0, 0.3, (64, 16)).astype(np.float32)
+    recipe = search.Recipe(form="uint8", placement="all").to_quant(("Gemm", "MatMul"))
+    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    model = onnx.load(str(out))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    assert {producer[o.name].op_type for o in model.graph.output} == {"Gemm", "Softmax"}
+    assert any(n.op_type == "QuantizeLinear" for n in model.graph.node)  # the Gemm itself is still INT8
+    logits, probs = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    np.testing.assert_allclose(probs, e / e.sum(1, keepdims=True), atol=1e-6)
+
+
 def test_cpu_int8_classes():
     from tritonkit.envinfo import int8_class
 

@@ -690,6 +690,7 @@ def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded:
     quantizer.model.topological_sort()
     out = quantizer.model.model
     keep_float(out, excluded)
+    float_outputs(out)
     out.producer_name = f"tritonkit.quantize:{recipe.name}"
     check_qdq(out, recipe.activation_type, per_channel=recipe.per_channel)
     if check:
@@ -719,6 +720,39 @@ def _cached_quantizer(base, cache: dict, fresh: set[str]):
             return {**{n: cache[key(n)] for n in every if n not in todo and key(n) in cache}, **computed}
 
     return CachedQuantizer
+
+
+def float_outputs(model) -> list[str]:
+    """Drop the Q/DQ pair onnxruntime's all-ops placement puts on a graph output; returns the outputs freed.
+
+    A client reads graph outputs as they are: Lite0's probabilities in uint8 steps of 1/255 summed to 0.5-0.7 over
+    1000 classes (most rounded to zero), and its logits lost their precision. The output's readers inside the graph
+    (Softmax reading logits) then read the float tensor too, so logits and probabilities agree."""
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    freed = []
+    for output in graph.output:
+        dq = producer.get(output.name)
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or readers.get(q.output[0]) != 1 or q.input[0] not in producer:
+            continue
+        source = q.input[0]
+        for node in graph.node:
+            node.input[:] = [output.name if name == source else name for name in node.input]
+            node.output[:] = [output.name if name == source else name for name in node.output]
+        graph.node.remove(q)
+        graph.node.remove(dq)
+        freed.append(output.name)
+    if freed:
+        used = {name for node in graph.node for name in node.input}
+        keep = [init for init in graph.initializer if init.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    return freed
 
 
 def keep_float(model, excluded: Iterable[str]) -> list[str]:

@@ -223,6 +223,26 @@ EMBEDDED_ORT_FILES = ("*.packed.onnx",)
 _GENERATED = ".generated-by-tritonkit"
 
 
+def serve_on(runtime: str) -> Edit:
+    """Serve a model of our embedded backends (or a fused model's encoder) on `runtime`, same threads per
+    instance; OpenVINO's own parameters go when it leaves OpenVINO."""
+    from tritonkit.native_check import OPENVINO_PARAMETERS
+    from tritonkit.serving.runtimes import THREAD_PARAMETER
+
+    def edit(cfg: mc.ModelConfig) -> None:
+        threads = next((cfg.parameters[k].string_value for k in THREAD_PARAMETER.values() if k in cfg.parameters),
+                       "1")
+        drop = set(THREAD_PARAMETER.values()) | (set(OPENVINO_PARAMETERS) if runtime != "openvino" else set())
+        for key in [k for k in cfg.parameters if k in drop]:
+            del cfg.parameters[key]
+        cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads
+        if cfg.backend == "python":
+            cfg.parameters["runtime"].string_value = runtime
+        else:
+            cfg.backend = runtime
+    return edit
+
+
 def native_onnxruntime(cfg: mc.ModelConfig) -> None:
     """The padded form for Triton's native ONNX Runtime backend: there allow_ragged_batch means one flat tensor
     plus batch_input offsets, which our [batch, sequence] graphs do not take; without it requests batch together
