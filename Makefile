@@ -18,7 +18,7 @@ setup: ## install apt + pinned Python deps into .venv and prepare the server bac
 lock: ## re-pin requirements.txt's dependencies into requirements.lock with hashes (UPGRADE=1: newest allowed)
 	@scripts/lock.sh
 
-demo: ## build what is missing, serve both pipelines, embed + rank texts, classify photos, stop
+demo: ## build what it serves (served INT8 form; TensorRT forms come with build-engines), serve both pipelines, embed + rank texts, classify photos, stop
 	@$(PY) scripts/demo.py
 
 serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METRICS_PORT, PROFILE=name); Ctrl-C stops

@@ -43,6 +43,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit import data, kinds, lab, load, paths, peers
 from tritonkit import repo_variants as rv
 from tritonkit.kinds.text import OUTPUT
+from tritonkit.perf import cpu_ms_per_item
 from tritonkit.server import TritonServer
 from tritonkit.serving.runtimes import THREAD_PARAMETER
 
@@ -134,7 +135,6 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
                       ) -> float:
     """CPU ms per text of the file the served encoder ran, on the runtime and parameters of its (edited) config,
     in this process: tokenize + pack (or pad) + run, over the batch sizes the server ran in the same proportions."""
-    import time
 
     import numpy as np
 
@@ -160,14 +160,7 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
             else kind.encode(batch)
         feeds = {k: v for k, v in feeds.items() if k in runner.input_names}
         runner.run([OUTPUT], feeds, len(next(iter(feeds.values()))))
-    for batch in calls:  # every shape once, as the server had warmed up
-        run(batch)
-    cpu0, wall0, done = time.process_time(), time.perf_counter(), 0
-    while time.perf_counter() - wall0 < seconds:
-        for batch in calls:
-            run(batch)
-            done += len(batch)
-    return (time.process_time() - cpu0) * 1000 / done
+    return cpu_ms_per_item(run, calls, seconds)
 
 
 def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False) -> dict[str, float]:

@@ -24,7 +24,7 @@ def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
     import onnx
     from onnx import helper, numpy_helper
 
-    from tritonkit.quantize import _fake_quant_weight
+    from tritonkit.tensors import fake_quant_weight
 
     model = onnx.load(str(fp32))
     inits = {i.name: i for i in model.graph.initializer}
@@ -37,7 +37,7 @@ def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         # The quantizer's per-channel axis: output channels (Conv, Gemm with transB) or the last axis (MatMul).
         axis_last = node.op_type == "MatMul" or (node.op_type == "Gemm" and not attrs.get("transB", 0))
-        wq = _fake_quant_weight(w.T, True, bits).T if axis_last else _fake_quant_weight(w, True, bits)
+        wq = fake_quant_weight(w.T, True, bits).T if axis_last else fake_quant_weight(w, True, bits)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(wq.astype(np.float32), node.input[1]))
     onnx.save(model, str(out))
     return out

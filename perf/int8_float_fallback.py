@@ -13,7 +13,7 @@ import platform
 import onnx
 
 from tritonkit import kinds
-from tritonkit.build import artefact
+from tritonkit.paths import model_file
 from tritonkit.search import Recipe, Search
 
 
@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("model", nargs="?", default="image_classification")
     args = parser.parse_args()
     spec = kinds.get(args.model)
-    fp32 = artefact(spec.FP32_MODEL)
+    fp32 = model_file(spec.FP32_MODEL)
     graph = onnx.load(str(fp32), load_external_data=False).graph
     depthwise = [n.name for n in graph.node
                  if n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)]

@@ -17,13 +17,13 @@ import time
 from dataclasses import replace
 
 from tritonkit import kinds
-from tritonkit.build import artefact
+from tritonkit.paths import model_file
 from tritonkit.search import Recipe, Search, quantizable_nodes
 
 
 def _search(name: str) -> Search:
     spec = kinds.get(name)
-    return Search(spec, artefact(spec.FP32_MODEL), ["uint8"], check_speed=False, progress=False,
+    return Search(spec, model_file(spec.FP32_MODEL), ["uint8"], check_speed=False, progress=False,
                   log=lambda *a: None)
 
 

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from test_search import TinySpec, _export
 
-from tritonkit import envinfo, floor, int8, search
+from tritonkit import envinfo, evaluate, floor, int8, search
 from tritonkit.quantize import Target
 
 
@@ -96,7 +96,7 @@ def _fp16_by_hand(path, x: np.ndarray) -> np.ndarray:
 def test_the_fp16_floor_is_the_graph_at_fp16(tiny):
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
-    ref = search.run_batches(search.session(tiny), spec.eval_batches("test"))
+    ref = evaluate.run_batches(evaluate.session(tiny), spec.eval_batches("test"))
     mine = np.concatenate([_fp16_by_hand(tiny, b["x"]) for b in spec.eval_batches("test")])
     expected = spec.gate_metrics(ref, mine)
     assert half["test"]["cosine_min"] == pytest.approx(expected["cosine_min"], abs=2e-6)

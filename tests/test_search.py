@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tritonkit import search
+from tritonkit import evaluate, search
 from tritonkit.quantize import Target, check_qdq
 
 WIDTH = 64
@@ -571,5 +571,5 @@ def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
     x = np.full((2, k), 255.0, np.float32)
-    got = search.session(model, exact=True).run(None, {"x": x})[0]
+    got = evaluate.session(model, exact=True).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))

@@ -28,7 +28,7 @@ def test_the_first_pipelines_keep_their_names():
         "text_embedding", "tokenizer", "text_encoder", "text_encoder_fp32")
     assert (image.NAME, image.PREPROCESSOR, image.INT8_MODEL) == ("image_classification", "image_preprocess",
                                                                   "image_classifier")
-    names = {e.config.name for e in text.repository()}
+    names = {e.config.name for e in generate.repository(text)}
     assert names == {"tokenizer", "text_encoder", "text_encoder_fp32", "text_embedding", "text_embedding_fp32",
                      "text_embedding_fused"}
 
@@ -101,7 +101,7 @@ def test_add_writes_a_spec_that_generates_a_full_pipeline(st_dir, tmp_path):
     path = add.add(add.text_spec("tiny_cls", str(st_dir), 32), directory=tmp_path)
     spec = specs.load(path)
     kind = kinds.from_spec(spec)
-    configs = {e.config.name: e.config for e in kind.repository()}
+    configs = {e.config.name: e.config for e in generate.repository(kind)}
     assert set(configs) == {"tiny_cls", "tiny_cls_fp32", "tiny_cls_tokenizer", "tiny_cls_encoder",
                             "tiny_cls_encoder_fp32"}
     ensemble = configs["tiny_cls"].to_proto()
@@ -118,7 +118,7 @@ def test_image_add_checks_the_loader_and_labels(tmp_path):
     assert table["model"]["resize"] == 110
     kind = kinds.from_spec(specs.parse(table, "tiny_img.toml"))
     assert kind.labels()[3] == "class 3"
-    pre = next(e.config for e in kind.repository() if e.config.name == "tiny_img_preprocess").to_proto()
+    pre = next(e.config for e in generate.repository(kind) if e.config.name == "tiny_img_preprocess").to_proto()
     assert list(pre.output[0].dims) == [3, 96, 96] and pre.parameters["resize"].string_value == "110"
     with pytest.raises(add.AddError, match="no attribute"):
         add.image_spec("x", f"{loader.rsplit(':', 1)[0]}:nope", {}, 96, None, [0.0] * 3, [1.0] * 3, "imagenet",
@@ -132,10 +132,10 @@ def test_an_fp32_fallback_shows_in_the_int8_models_config(st_dir, tmp_path):
 
     path = add.add(add.text_spec("tiny_fb", str(st_dir), 32), directory=tmp_path)
     kind = kinds.from_spec(specs.load(path))
-    plain = {e.config.name: e.config for e in kind.repository()}["tiny_fb_encoder"]
+    plain = {e.config.name: e.config for e in generate.repository(kind)}["tiny_fb_encoder"]
     assert "tritonkit_precision" not in plain.parameters
     int8.recipe_path(kind).write_text(json.dumps({"served": {"status": int8.FALLBACK, "recipe": None}}))
-    config = {e.config.name: e.config for e in kind.repository()}["tiny_fb_encoder"]
+    config = {e.config.name: e.config for e in generate.repository(kind)}["tiny_fb_encoder"]
     assert config.parameters["tritonkit_precision"].startswith("fp32-fallback")
     assert "tritonkit_precision" in config.to_pbtxt()
 

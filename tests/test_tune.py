@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
-from tritonkit import paths, repo_variants, tune
+from tritonkit import paths, profiles, repo_variants, tune
 from tritonkit.config import (
     ConfigError,
     EnsembleStep,
@@ -47,20 +47,20 @@ def _real_configs(ensemble: str) -> dict:
 @pytest.mark.parametrize("model", STEPS)
 def test_every_knob_value_round_trips_through_the_real_config(model):
     cfg = repo_variants.read_config(model, committed=False)
-    knobs = tune.knobs_of(cfg)
+    knobs = profiles.knobs_of(cfg)
     assert {"max_batch", "instances"} <= set(knobs)
     before = to_pbtxt(cfg)
-    start = {k: tune.get_knob(cfg, k) for k in knobs}
+    start = {k: profiles.get_knob(cfg, k) for k in knobs}
     assert to_pbtxt(cfg) == before, "reading the knobs changed the config"
     for knob in knobs:
-        for value in tune.VALUES[knob]:
+        for value in profiles.VALUES[knob]:
             new = type(cfg)()
             new.CopyFrom(cfg)
-            tune.set_knob(new, knob, value)
-            assert tune.get_knob(new, knob) == value, f"{model}.{knob}={value}"
+            profiles.set_knob(new, knob, value)
+            assert profiles.get_knob(new, knob) == value, f"{model}.{knob}={value}"
             check_config(new)
             # One knob moves nothing else (max_batch may only drop preferred sizes above it).
-            others = {k: tune.get_knob(new, k) for k in knobs if k != knob}
+            others = {k: profiles.get_knob(new, k) for k in knobs if k != knob}
             if knob == "max_batch" and "preferred_batch" in others:
                 assert others.pop("preferred_batch") <= value
                 start_others = {k: v for k, v in start.items() if k not in (knob, "preferred_batch")}
@@ -71,10 +71,10 @@ def test_every_knob_value_round_trips_through_the_real_config(model):
 
 def test_knobs_follow_what_the_backend_reads():
     cfgs = {m: repo_variants.read_config(m, committed=False) for m in STEPS}
-    assert "threads" in tune.knobs_of(cfgs["text_encoder"])  # onnxruntime: ORT thread pool
-    assert "bucket_padding" in tune.knobs_of(cfgs["text_encoder"])  # ragged inputs
-    assert "bucket_padding" not in tune.knobs_of(cfgs["image_classifier"])  # fixed-shape input
-    assert "threads" not in tune.knobs_of(cfgs["tokenizer"])  # Python backend: no ORT session
+    assert "threads" in profiles.knobs_of(cfgs["text_encoder"])  # onnxruntime: ORT thread pool
+    assert "bucket_padding" in profiles.knobs_of(cfgs["text_encoder"])  # ragged inputs
+    assert "bucket_padding" not in profiles.knobs_of(cfgs["image_classifier"])  # fixed-shape input
+    assert "threads" not in profiles.knobs_of(cfgs["tokenizer"])  # Python backend: no ORT session
 
 
 @pytest.mark.parametrize("ensemble", sorted(PIPELINES))
@@ -82,8 +82,8 @@ def test_apply_keeps_the_ensemble_within_every_step_and_leaves_the_inputs_alone(
     configs = _real_configs(ensemble)
     originals = {m: to_pbtxt(c) for m, c in configs.items()}
     steps = PIPELINES[ensemble]
-    for a, b in itertools.product(tune.VALUES["max_batch"], repeat=2):
-        out = tune.apply(configs, ensemble, {steps[0]: {"max_batch": a}, steps[1]: {"max_batch": b}})
+    for a, b in itertools.product(profiles.VALUES["max_batch"], repeat=2):
+        out = profiles.apply(configs, ensemble, {steps[0]: {"max_batch": a}, steps[1]: {"max_batch": b}})
         assert out[ensemble].max_batch_size == min(a, b)
         assert all(out[ensemble].max_batch_size <= out[s].max_batch_size for s in steps)
         for cfg in out.values():
@@ -96,14 +96,14 @@ def test_apply_keeps_the_ensemble_within_every_step_and_leaves_the_inputs_alone(
 def test_preferred_batch_never_exceeds_max_batch_in_either_order(ensemble):
     configs = _real_configs(ensemble)
     for step in PIPELINES[ensemble]:
-        if "preferred_batch" not in tune.knobs_of(configs[step]):
+        if "preferred_batch" not in profiles.knobs_of(configs[step]):
             continue
-        for pref, maxb in itertools.product(tune.VALUES["preferred_batch"], tune.VALUES["max_batch"]):
+        for pref, maxb in itertools.product(profiles.VALUES["preferred_batch"], profiles.VALUES["max_batch"]):
             # A point's knobs are applied in dict order; both orders must give a valid config.
             for knobs in ({"preferred_batch": pref, "max_batch": maxb}, {"max_batch": maxb, "preferred_batch": pref}):
-                cfg = tune.apply(configs, ensemble, {step: knobs})[step]
+                cfg = profiles.apply(configs, ensemble, {step: knobs})[step]
                 assert all(0 < p <= cfg.max_batch_size for p in cfg.dynamic_batching.preferred_batch_size), knobs
-                assert tune.get_knob(cfg, "preferred_batch") <= maxb
+                assert profiles.get_knob(cfg, "preferred_batch") <= maxb
 
 
 def test_neighbours_at_the_ends_and_off_the_list():
@@ -122,7 +122,7 @@ def test_neighbours_at_the_ends_and_off_the_list():
 def profiles_dir(tmp_path, monkeypatch) -> Path:
     """Profile records go to a temporary folder, never to the project's profiles/."""
     target = tmp_path / "profiles"
-    monkeypatch.setattr(tune, "PROFILES", target)
+    monkeypatch.setattr(profiles, "PROFILES", target)
     return target
 
 
@@ -141,12 +141,12 @@ def _tuner(tmp_path: Path, ensemble: str = "text_embedding") -> tune.Tuner:
     return tune.Tuner(ensemble, p99_ms=50, input_data=tmp_path / "unused.json", progress=lambda _: None)
 
 
-def _record(tuner: tune.Tuner, profile: str, point: tune.Point) -> dict:
+def _record(tuner: tune.Tuner, profile: str, point: profiles.Point) -> dict:
     return {"ensemble": tuner.ensemble, "profile": profile, "command": f"make tune PROFILE={profile}",
             "models": [*tuner.steps, tuner.ensemble], "start": tuner.start, "winner": point}
 
 
-def _point(tuner: tune.Tuner, **changes: dict) -> tune.Point:
+def _point(tuner: tune.Tuner, **changes: dict) -> profiles.Point:
     point = json.loads(json.dumps(tuner.start))
     for model, knobs in changes.items():
         point[model].update(knobs)
@@ -162,7 +162,7 @@ def test_write_profile_writes_a_valid_profile_and_removes_stale_files(tmp_path, 
     point = _point(tuner, text_encoder={"max_batch": 32})
     changed = tune.profile_configs(tuner, point)
     assert set(changed) == {"text_encoder", "text_embedding"}  # the ensemble follows its step's max batch
-    written = tune.write_profile("fast", changed, _record(tuner, "fast", point), repository=text_repo)
+    written = profiles.write_profile("fast", changed, _record(tuner, "fast", point), repository=text_repo)
     enc, ens, tok = (text_repo / m / "configs" / "fast.pbtxt" for m in ("text_encoder", "text_embedding", "tokenizer"))
     record = profiles_dir / "text_embedding.fast.json"
     assert written == sorted([enc, ens, record])
@@ -190,7 +190,7 @@ def test_write_profile_writes_a_valid_profile_and_removes_stale_files(tmp_path, 
     point2 = _point(tuner, tokenizer={"queue_delay_us": 1000})
     changed2 = tune.profile_configs(tuner, point2)
     assert set(changed2) == {"tokenizer"}
-    written2 = tune.write_profile("fast", changed2, _record(tuner, "fast", point2), repository=text_repo)
+    written2 = profiles.write_profile("fast", changed2, _record(tuner, "fast", point2), repository=text_repo)
     assert written2 == sorted([tok, record])
     assert not enc.exists() and not ens.exists()
     assert load_profile(text_repo, "fast")["tokenizer"].dynamic_batching.max_queue_delay_microseconds == 1000
@@ -203,12 +203,12 @@ def test_a_tuned_profile_follows_config_changes_made_after_tuning(tmp_path, text
     parameter added to the config after tuning reaches the profile instead of being frozen out of it."""
     tuner = _tuner(tmp_path)
     point = _point(tuner, text_encoder={"max_batch": 32})
-    written = tune.write_profile("fast", tune.profile_configs(tuner, point), _record(tuner, "fast", point),
+    written = profiles.write_profile("fast", tune.profile_configs(tuner, point), _record(tuner, "fast", point),
                                  repository=text_repo)
-    assert tune.tuned_profiles(text_repo) == {p: p.read_text() for p in written if p.suffix == ".pbtxt"}
+    assert profiles.tuned_profiles(text_repo) == {p: p.read_text() for p in written if p.suffix == ".pbtxt"}
     config = text_repo / "text_encoder" / "config.pbtxt"
     config.write_text(config.read_text() + 'parameters { key: "added_later" value { string_value: "1" } }\n')
-    profile = parse_config(tune.tuned_profiles(text_repo)[text_repo / "text_encoder" / "configs" / "fast.pbtxt"])
+    profile = parse_config(profiles.tuned_profiles(text_repo)[text_repo / "text_encoder" / "configs" / "fast.pbtxt"])
     assert profile.parameters["added_later"].string_value == "1"
     assert profile.max_batch_size == 32
 
@@ -217,7 +217,7 @@ def test_interrupted_write_profile_leaves_the_previous_profile_byte_identical(
         tmp_path, text_repo, profiles_dir, monkeypatch):
     tuner = _tuner(tmp_path)
     first = _point(tuner, text_encoder={"max_batch": 32})
-    tune.write_profile("fast", tune.profile_configs(tuner, first), _record(tuner, "fast", first),
+    profiles.write_profile("fast", tune.profile_configs(tuner, first), _record(tuner, "fast", first),
                        repository=text_repo)
     before = _snapshot(text_repo, profiles_dir)
     assert len(before) == 3 + 3  # three config.pbtxt, two profile configs, the record
@@ -235,7 +235,7 @@ def test_interrupted_write_profile_leaves_the_previous_profile_byte_identical(
 
     monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
-        tune.write_profile("fast", changed, _record(tuner, "fast", second), repository=text_repo)
+        profiles.write_profile("fast", changed, _record(tuner, "fast", second), repository=text_repo)
     monkeypatch.setattr(os, "replace", real_replace)
     assert len(calls) == 2
     assert _snapshot(text_repo, profiles_dir) == before
@@ -250,9 +250,9 @@ def test_server_started_with_a_profile_serves_the_profile_config(start_server, s
     base = repo_variants.read_config("smoke_linear", repo, committed=False)
     fast = type(base)()
     fast.CopyFrom(base)
-    tune.set_knob(fast, "max_batch", 7)  # also drops the preferred sizes 8 and 16
+    profiles.set_knob(fast, "max_batch", 7)  # also drops the preferred sizes 8 and 16
     record = {"ensemble": "smoke_linear", "command": "test", "models": ["smoke_linear"]}
-    tune.write_profile("fast", {"smoke_linear": fast}, record, repository=repo)
+    profiles.write_profile("fast", {"smoke_linear": fast}, record, repository=repo)
 
     served = {}
     for profile in ("fast", ""):

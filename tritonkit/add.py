@@ -97,7 +97,9 @@ def add(table: dict, force: bool = False, directory: Path = specs.SPECS_DIR) -> 
 
 
 def _models_of(kind) -> set[str]:
-    return {e.config.name for e in kind.repository()}
+    from tritonkit import generate
+
+    return {e.config.name for e in generate.repository(kind)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import inspect
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,10 +39,6 @@ class BuildResult:
     # The TensorRT-form Q/DQ (symmetric INT8), compiled by tritonkit.engines.
     trt_int8: Path | None = None
     outcomes: list = field(default_factory=list)
-
-
-def artefact(model: str, version: int = 1) -> Path:
-    return paths.MODEL_REPOSITORY / model / str(version) / "model.onnx"
 
 
 def trt_qdq_path(spec) -> Path:
@@ -87,7 +84,7 @@ def _log(msg: str) -> None:
 def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, bool]:
     from tritonkit.export import export_onnx, validate_onnx, write_json
 
-    path = artefact(spec.FP32_MODEL)
+    path = paths.model_file(spec.FP32_MODEL)
     fingerprint = _fingerprint(spec, "fp32")
     if not force and up_to_date(path, spec.NAME, "fp32", fingerprint):
         _log(f"{spec.NAME}: FP32 {paths.rel(path)} up to date")
@@ -111,8 +108,9 @@ def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, 
 
 def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
-               search_budget_s: float | None = None, search_form: str | None = None) -> list[int8.Outcome]:
-    """Both INT8 forms from the committed recipe (searched first with run_search, or if there is none and
+               search_budget_s: float | None = None, search_form: str | None = None,
+               forms: Sequence[str] = int8.FORMS) -> list[int8.Outcome]:
+    """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
     data = int8.load_recipes(spec)
     if data is None and not (run_search or search_if_missing):
@@ -125,8 +123,10 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
                            only=search_form if run_search else None)
         force = True
     outcomes = []
-    for form, out, stage in (("served", artefact(spec.INT8_MODEL), "int8"),
+    for form, out, stage in (("served", paths.model_file(spec.INT8_MODEL), "int8"),
                              ("tensorrt", trt_qdq_path(spec), "int8_trt")):
+        if form not in forms:
+            continue
         extra = json.dumps([data[form], envinfo.fingerprint()], sort_keys=True) + form + fp32.name
         fingerprint = _fingerprint(spec, "int8", extra)
         report = int8.report_path(spec, form)
@@ -175,7 +175,10 @@ def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool =
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
           progress: bool = True, search_if_missing: bool = False, search_budget_s: float | None = None,
-          search_form: str | None = None, choose_runtime: bool = False) -> BuildResult:
+          search_form: str | None = None, choose_runtime: bool = False,
+          forms: Sequence[str] = int8.FORMS) -> BuildResult:
+    """Configs, FP32, packed forms and the INT8 `forms` of one model (`make demo` builds only the served form: the
+    TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
     from tritonkit import generate
 
     spec = models.get(name)
@@ -192,8 +195,9 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
         return BuildResult(name, fp32, None, built)
     outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
                           search_if_missing=search_if_missing, search_budget_s=search_budget_s,
-                          search_form=search_form)
-    served, trt = outcomes
+                          search_form=search_form, forms=forms)
+    served = next(o for o in outcomes if o.form == "served")
+    trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     build_packed(spec, served.path, fp32 if served.status == "passed" else None)
     from tritonkit import runtime_choice
 
@@ -201,7 +205,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
                           log=_log)
     for path in generate.write([spec]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{spec.NAME}: generated {paths.rel(path)}")
-    return BuildResult(name, fp32, served.path, built, served.status, trt.path, outcomes)
+    return BuildResult(name, fp32, served.path, built, served.status, trt.path if trt else None, outcomes)
 
 
 def main(argv: list[str] | None = None) -> int:

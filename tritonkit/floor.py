@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
+from tritonkit.evaluate import run_batches, session
 
 PRECISION = {"served": "bf16", "tensorrt": "fp16"}
 CACHE = paths.BUILD_OUTPUTS / "cache" / "floor"
@@ -101,8 +102,6 @@ def how(precision: str) -> str:
 def measure(spec, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test")) -> dict:
     """{"precision", "how", split: metrics...} of the FP32 graph at `precision` against FP32 (onnxruntime), or
     {"precision", "unavailable": why}. Cached under build/ by graph, precision, CPU flags and versions."""
-    from tritonkit.search import run_batches, session
-
     key = hashlib.sha256(Path(fp32).read_bytes() + json.dumps(
         [precision, list(splits), envinfo.fingerprint(), getattr(spec, "NAME", "")]).encode()).hexdigest()[:20]
     cached = CACHE / f"{getattr(spec, 'NAME', 'model')}-{precision}-{key}.json"
@@ -136,19 +135,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import datetime
 
-    from tritonkit import build, models
+    from tritonkit import kinds
 
     parser = argparse.ArgumentParser(prog="python -m tritonkit.floor", description=main.__doc__)
     parser.add_argument("names", nargs="*", help="model specs (default: every built one)")
     args = parser.parse_args(argv)
-    names = args.names or [n for n in models.names() if build.artefact(models.get(n).FP32_MODEL).exists()]
+    names = args.names or [n for n in kinds.names() if paths.model_file(kinds.get(n).FP32_MODEL).exists()]
     print(f"`python -m tritonkit.floor {' '.join(args.names)}`".replace(" `", "`") + f", {datetime.date.today()}, "
           f"{envinfo.cpu_model()}, CPU INT8 class {envinfo.int8_class()}\n")
     print("| model | form | floor | split | metric: absolute gate / floor / gate judged against it |")
     print("|---|---|---|---|---|")
     for name in names:
-        spec = models.get(name)
-        fp32 = build.artefact(spec.FP32_MODEL)
+        spec = kinds.get(name)
+        fp32 = paths.model_file(spec.FP32_MODEL)
         for form, precision in PRECISION.items():
             half = measure(spec, fp32, precision)
             for split in ("validation", "test"):

@@ -159,6 +159,15 @@ def image_repository(kind) -> list[Entry]:
     return entries
 
 
+# The repository layout of each model kind (specs.Spec.kind).
+LAYOUTS = {"text-embedding": text_repository, "image-classification": image_repository}
+
+
+def repository(kind) -> list[Entry]:
+    """The generated models (configs and Python shims) of one spec'd model."""
+    return LAYOUTS[kind.spec.kind](kind)
+
+
 def _shim(kind, module: str) -> str:
     return (f"# Generated from {kind.spec.label} by `python -m tritonkit.generate`; do not edit.\n"
             f"from {module} import TritonPythonModel  # noqa: F401\n")
@@ -170,7 +179,7 @@ def files(kinds: list | None = None) -> dict[Path, str]:
 
     out: dict[Path, str] = {}
     for kind in kinds if kinds is not None else [registry.get(n) for n in registry.names()]:
-        for entry in kind.repository():
+        for entry in repository(kind):
             model_dir = paths.MODEL_REPOSITORY / entry.config.name
             out[model_dir / "config.pbtxt"] = entry.config.to_pbtxt()
             if entry.python:
@@ -180,9 +189,9 @@ def files(kinds: list | None = None) -> dict[Path, str]:
 
 def _profiles() -> dict[Path, str]:
     """The overload profile and the tuned profiles, derived from the generated configs (so they follow them)."""
-    from tritonkit import repo_variants, tune
+    from tritonkit import profiles, repo_variants
 
-    return {**tune.tuned_profiles(), **repo_variants.overload_profile()}
+    return {**profiles.tuned_profiles(), **repo_variants.overload_profile()}
 
 
 def write(kinds: list | None = None) -> list[Path]:

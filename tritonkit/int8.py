@@ -20,7 +20,8 @@ from pathlib import Path
 
 from tritonkit import envinfo, paths
 from tritonkit.errors import GateError
-from tritonkit.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, missed, speedup
+from tritonkit.evaluate import missed
+from tritonkit.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, speedup
 
 RECIPES = paths.SPECS
 REPORTS = paths.REPORTS
@@ -260,7 +261,7 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
     quantize(fp32, tmp, quant, spec.calibration_batches, spec.calibration_batch_count(), progress)
     calib_s = time.perf_counter() - t0
-    # TensorRT's INT8 arithmetic is exact: its form is judged so on every CPU (search.session).
+    # TensorRT's INT8 arithmetic is exact: its form is judged so on every CPU (evaluate.session).
     metrics = {split: Evaluator(spec, fp32, split).metrics(tmp, exact=form == "tensorrt")
                for split in ("validation", "test")}
     speed = speedup(spec, fp32, tmp, spec.SPEED_BATCHES) if form == "served" else {}

@@ -503,17 +503,20 @@ def check_repository(repository: Path, view: View | str, tensorrt_version: str |
     return violations
 
 
-def unbuilt_models() -> dict[str, list[str]]:
-    """Spec name → its generated models, for the specs whose FP32 file `make build` has not written here yet
-    (their configs are committed; their files are not)."""
+def unbuilt_models(repository: Path | None = None) -> dict[str, list[str]]:
+    """Spec name → its models in the repository, for the specs whose FP32 file `make build` has not written here
+    yet (their configs are committed; their files are not). A model's spec is the one its generated config's first
+    line names."""
     from tritonkit import kinds, paths
 
-    out = {}
-    for name in kinds.names():
-        kind = kinds.get(name)
-        if not (paths.MODEL_REPOSITORY / kind.FP32_MODEL / "1" / "model.onnx").exists():
-            out[name] = [entry.config.name for entry in kind.repository()]
-    return out
+    repository = Path(repository or paths.MODEL_REPOSITORY)
+    by_spec: dict[str, list[str]] = {}
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        found = re.match(r"# Generated from (\S+\.toml) ", config.read_text().partition("\n")[0])
+        if found:
+            by_spec.setdefault(Path(found[1]).stem, []).append(config.parent.name)
+    return {name: models for name, models in by_spec.items() if name in kinds.names()
+            and not (repository / kinds.get(name).FP32_MODEL / "1" / "model.onnx").exists()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, floor, paths
-from tritonkit.search import missed, run_batches, session
+from tritonkit.evaluate import missed, run_batches, session
 
 VARIANTS_ONNX = ("onnxruntime", "openvino", "openvino-bf16")
 VARIANTS_IR = ("openvino", "openvino-bf16")
@@ -164,11 +164,11 @@ def speeds(kind, files: dict[str, Path], threads: int) -> dict[str, dict[str, fl
 
 
 def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = None) -> dict:
-    from tritonkit import build, int8, models
+    from tritonkit import int8, models
 
     kind = models.get(name)
-    fp32 = build.artefact(kind.FP32_MODEL)
-    ours = build.artefact(kind.INT8_MODEL)
+    fp32 = paths.model_file(kind.FP32_MODEL)
+    ours = paths.model_file(kind.INT8_MODEL)
     report = json.loads(int8.report_path(kind).read_text()) if int8.report_path(kind).exists() else {}
     recipe = (int8.load_recipes(kind) or {}).get("served", {})
     made = candidates(kind, fp32, budget_s, log, only)

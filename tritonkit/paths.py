@@ -21,6 +21,11 @@ ARTIFACTS = BUILD_OUTPUTS / "artifacts"
 REPORTS = BUILD_OUTPUTS / "reports"
 
 
+def model_file(model: str, version: int = 1) -> Path:
+    """A served model's ONNX file in the embedded repository."""
+    return MODEL_REPOSITORY / model / str(version) / "model.onnx"
+
+
 def venv_bin() -> Path:
     """The bin/ of the interpreter running us; the Python stub must find the same packages."""
     return Path(sys.executable).parent

@@ -235,6 +235,19 @@ def sweep(
     return [median_point(runs[load]) for load in loads]
 
 
+def cpu_ms_per_item(fn, calls: list, seconds: float = 1.0) -> float:
+    """Process CPU ms per item of `fn(call)` over `calls` (lists), repeated for `seconds` of wall clock after one
+    warm pass (every shape once, as a warm server has seen them)."""
+    for call in calls:
+        fn(call)
+    cpu0, wall0, done = time.process_time(), time.perf_counter(), 0
+    while time.perf_counter() - wall0 < seconds:
+        for call in calls:
+            fn(call)
+            done += len(call)
+    return (time.process_time() - cpu0) * 1000 / done
+
+
 def time_in_process(
     fn: Callable[[Any], Any],
     items: Sequence[Any],

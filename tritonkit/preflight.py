@@ -28,9 +28,8 @@ class Preflight:
 
 def _built(kind) -> list[str]:
     """Missing build outputs of a spec'd model (empty: built)."""
-    from tritonkit import build
 
-    wanted = [build.artefact(kind.FP32_MODEL), build.artefact(kind.INT8_MODEL)]
+    wanted = [paths.model_file(kind.FP32_MODEL), paths.model_file(kind.INT8_MODEL)]
     wanted += [paths.MODEL_REPOSITORY / m / "labels.txt" for m in (kind.FP32_MODEL, kind.INT8_MODEL)
                if kind.spec.kind == "image-classification"]
     return [paths.rel(p) for p in wanted if not p.exists()]
@@ -41,7 +40,7 @@ def _stale(kind) -> bool:
     from tritonkit import build
 
     fingerprint = build._fingerprint(kind, "fp32")
-    return not build.up_to_date(build.artefact(kind.FP32_MODEL), kind.NAME, "fp32", fingerprint)
+    return not build.up_to_date(paths.model_file(kind.FP32_MODEL), kind.NAME, "fp32", fingerprint)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -73,7 +72,7 @@ def check(ports: dict[str, int], host: str = "127.0.0.1", requested: list[str] |
                           "`python -m tritonkit.generate` (or `make build`)")
     for name in kinds.names():
         kind = kinds.get(name)
-        members = [e.config.name for e in kind.repository()]
+        members = [e.config.name for e in generate.repository(kind)]
         if requested and not set(members) & set(requested):
             continue
         missing = _built(kind)

@@ -28,6 +28,7 @@ import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
 from tritonkit.errors import QuantizationError
+from tritonkit.tensors import fake_quant_weight, probe_tensors
 
 Feeds = dict[str, np.ndarray]
 
@@ -214,32 +215,6 @@ def merge_parallel_matmuls(model_path: Path, out_path: Path) -> Path:
     return out_path
 
 
-def probe_tensors(model, names: list[str], batches: Callable[[], Iterable[Feeds]], max_batches: int | None = None,
-                  arena: bool = True) -> Iterator[dict[str, np.ndarray]]:
-    """{name: value} of graph tensors `names` of `model` (a ModelProto, left unchanged) per calibration batch: the
-    graph is run with those tensors added as outputs. `arena=False` keeps onnxruntime from holding the peak of a
-    run that outputs many large activations."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.enable_cpu_mem_arena = arena
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    del probe
-    input_names = {i.name for i in session.get_inputs()}
-    for i, feeds in enumerate(batches()):
-        if max_batches is not None and i >= max_batches:
-            break
-        yield dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in input_names})))
-
-
 def smooth(
     model_path: Path,
     out_path: Path,
@@ -296,15 +271,6 @@ def smooth(
     return out_path
 
 
-def _fake_quant_weight(w: np.ndarray, per_channel: bool, bits: int = 8) -> np.ndarray:
-    """Symmetric int8 round trip as onnxruntime quantizes weights: scale = max|w| / 127 (per output channel);
-    `bits` other than 8 only for measuring how much precision a model needs."""
-    qmax = 2 ** (bits - 1) - 1
-    r = np.abs(w).reshape(w.shape[0], -1).max(1) if per_channel else np.abs(w).max(keepdims=True)
-    scale = np.where(r > 0, r / qmax, 1.0).reshape([-1] + [1] * (w.ndim - 1))
-    return np.clip(np.round(w / scale), -qmax, qmax) * scale
-
-
 def _tap_means(x: np.ndarray, node, kernel: tuple[int, int]) -> np.ndarray | None:
     """[C, kh, kw] mean over the output positions of the input each kernel tap reads (zero padding included),
     so that mean(conv(x, dW)) = sum over taps of dW * these means; None for convs it does not model."""
@@ -357,7 +323,7 @@ def correct_biases(
         means = _tap_means(sums[node.input[0]] / count, node, w.shape[2:])
         if means is None:
             continue
-        dw = _fake_quant_weight(w, per_channel) - w
+        dw = fake_quant_weight(w, per_channel) - w
         groups = next((a.i for a in node.attribute if a.name == "group"), 1)
         cin, cout = w.shape[1], w.shape[0]
         means = means.reshape(groups, cin, *w.shape[2:])

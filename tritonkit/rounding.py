@@ -170,7 +170,7 @@ def round_weights(
     import onnx
     from onnx import numpy_helper
 
-    from tritonkit.quantize import _fake_quant_weight, probe_tensors
+    from tritonkit.tensors import fake_quant_weight, probe_tensors
 
     model = onnx.load(str(model_path))
     graph = model.graph
@@ -200,7 +200,7 @@ def round_weights(
             q, kept = gptq(m, layer.hessian / max(layer.samples, 1))
             layer.hessian = None
             if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
-                q = np.where(kept[:, :, None], q, _fake_quant_weight(m.reshape(-1, m.shape[2]), True).reshape(m.shape))
+                q = np.where(kept[:, :, None], q, fake_quant_weight(m.reshape(-1, m.shape[2]), True).reshape(m.shape))
                 nearest += int((~kept).sum())
             originals[layer.weight] = w
             rounded[layer.weight] = layer.node

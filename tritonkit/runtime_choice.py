@@ -201,7 +201,8 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime."""
     from tritonkit import floor
-    from tritonkit.search import Target, missed
+    from tritonkit.evaluate import missed
+    from tritonkit.quantize import Target
 
     s = kind.spec.serving
     threads = s.model_threads if model == kind.INT8_MODEL else s.fp32_threads

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonkit.errors import SearchError
+from tritonkit.evaluate import missed, run_batches, session
 from tritonkit.quantize import QuantRecipe, Target, int8_share
 
 PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
@@ -86,11 +87,6 @@ def distortion(targets: Sequence[Target], metrics: dict[str, float]) -> float:
 def passes(targets: Sequence[Target], metrics: dict[str, float], margin: float = 0.0) -> bool:
     # A gate at perfection (e.g. 100 % agreement) has no room for a margin.
     return all(slack(t, metrics) >= (margin if t.value < 1 else 0.0) for t in targets)
-
-
-def missed(targets: Sequence[Target], metrics: dict[str, float]) -> list[str]:
-    return [f"{t.metric} {metrics.get(t.metric, float('nan')):.4f} (gate {t.op} {t.value})"
-            for t in targets if not t.met(metrics)]
 
 
 # -- the outcome ---------------------------------------------------------------------------------------------
@@ -171,28 +167,6 @@ class SearchResult:
 
 
 # -- evaluation ----------------------------------------------------------------------------------------------
-
-def session(model, threads: int = 0, exact: bool = False):
-    """A CPU session; `exact`: Q/DQ nodes run as written, never fused into onnxruntime's integer kernels, so an
-    INT8 graph computes what exact int32 accumulation does (TensorRT's arithmetic) on any CPU, not what this CPU's
-    kernels do (without VNNI, u8s8 products are summed in saturating int16 pairs)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if exact:  # the Q/DQ fusions are extended optimizations; basic ones (constant folding) keep the arithmetic
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    data = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
-    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-
-
-def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
-    name = sess.get_outputs()[0].name
-    inputs = {i.name for i in sess.get_inputs()}
-    return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
-
 
 class Evaluator:
     """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""

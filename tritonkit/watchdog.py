@@ -14,10 +14,20 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, Protocol
 
-if TYPE_CHECKING:
-    from tritonkit.server import TritonServer
+
+class Watched(Protocol):
+    """What the watchdog uses of the server it watches (tritonkit.server.TritonServer)."""
+
+    host: str
+    http_url: str
+    process: subprocess.Popen | None
+    _log: IO[bytes]
+
+    def model_states(self) -> dict[str, tuple[str, str]]: ...
+
+    def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None: ...
 
 
 def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
@@ -49,7 +59,7 @@ def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
 class StubWatchdog:
     """Watches one TritonServer's stubs from a daemon thread (`start`)."""
 
-    def __init__(self, server: TritonServer):
+    def __init__(self, server: Watched):
         self.server = server
         self.recoveries: list[dict] = []
         self.counts: collections.Counter = collections.Counter()

@@ -280,10 +280,3 @@ class ImageClassification(Kind):
 
     def calibration_batch_count(self) -> int:
         return len(self.examples("calibration")) // CALIBRATION_BATCH
-
-    # -- served model repository ------------------------------------------------------------------------
-
-    def repository(self):
-        from tritonkit.generate import image_repository
-
-        return image_repository(self)

@@ -259,7 +259,7 @@ class TextEmbedding(Kind):
 
         from tritonkit import packing
         from tritonkit.errors import PackingError
-        from tritonkit.search import missed
+        from tritonkit.evaluate import missed
 
         f = self.spec.facts
         graph = packing.pack_graph(onnx.load(str(model_path)), f.pooling, f.normalize, f.dim)
@@ -314,10 +314,6 @@ class TextEmbedding(Kind):
         shutil.copyfile(self.tokenizer_file(), out)
         return [out]
 
-    def repository(self):
-        from tritonkit.generate import text_repository
-
-        return text_repository(self)
 
 
 def neighbour_overlap(ref: np.ndarray, got: np.ndarray, k: int = 10) -> np.ndarray:
