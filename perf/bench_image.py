@@ -16,9 +16,11 @@ import json
 import os
 import struct
 
-from tritonkit import imaging, paths, perf
+from tritonkit import imaging, kinds, paths, perf
 from tritonkit.backend_utils import usable_cpus
-from tritonkit.models import efficientnet_lite0 as spec
+
+spec = kinds.get("image_classification")
+
 
 ENSEMBLES = {"INT8 (image_classification)": "image_classification",
              "FP32 (image_classification_fp32)": "image_classification_fp32"}

@@ -17,8 +17,10 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tritonkit import imaging, paths
-from tritonkit.models import efficientnet_lite0 as spec
+from tritonkit import imaging, kinds, paths
+
+spec = kinds.get("image_classification")
+
 
 MAX_SIDE = 800  # everyday photo sizes: skip the 1000+ px hubble/retina and tiny text scans
 MIN_SIDE = 280

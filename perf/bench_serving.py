@@ -207,7 +207,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", help="a subset of the variants named in the docstring")
     args = parser.parse_args()
     kind, unit = kinds.get(args.model), lab.pipeline(args.model).unit
-    items = data.split("benchmark") if unit == "texts" else lab.jpegs()
+    items = data.split("benchmark") if unit == "texts" else load.real_images()
     variants = {n: e for n, e in VARIANTS[unit].items() if (n in args.variants if args.variants else True)
                 and (not n.startswith(FUSED) or kind.spec.serving.fused)}
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}

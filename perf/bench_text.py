@@ -50,7 +50,9 @@ def padding_waste(before: dict, after: dict, model: str) -> dict[str, float]:
 def baseline(texts: list[str], concurrencies: list[int], seconds: float) -> tuple[list[PerfPoint], list[PerfPoint]]:
     import torch
 
-    from tritonkit.models import minilm
+    from tritonkit import kinds
+
+    minilm = kinds.get("text_embedding")
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = minilm.sentence_transformer()

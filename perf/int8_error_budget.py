@@ -44,7 +44,7 @@ def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tritonkit import envinfo, models
+    from tritonkit import envinfo, kinds
     from tritonkit.quantize import correct_biases
     from tritonkit.search import Recipe, Search
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON file for the rows (default: build/reports/<model>_int8_"
                                                   "error_budget.json)")
     args = parser.parse_args(argv)
-    spec = models.get(args.model)
+    spec = kinds.get(args.model)
     from tritonkit.build import build_fp32
 
     fp32, _ = build_fp32(spec, progress=False)

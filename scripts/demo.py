@@ -59,7 +59,9 @@ def text_demo(server: TritonServer) -> None:
 def image_demo(server: TritonServer) -> None:
     from tritonkit_client import image
 
-    from tritonkit.models import efficientnet_lite0 as spec
+    from tritonkit import kinds
+
+    spec = kinds.get("image_classification")
 
     names = ["chelsea", "coffee", "rocket", "motorcycle_left", "grace_hopper", "flower"]
     fmts = ["JPEG", "PNG", "WEBP"]

@@ -37,8 +37,10 @@ from PIL import Image
 from text_support import INT8_PACKING_NOISE
 from tritonclient.utils import InferenceServerException
 
-from tritonkit import build, data, imaging, paths
-from tritonkit.models import efficientnet_lite0 as spec
+from tritonkit import build, data, imaging, kinds, paths
+
+spec = kinds.get("image_classification")
+
 
 pytestmark = pytest.mark.slow  # builds both pipelines' artefacts if they are missing (a no-op when current)
 

@@ -12,7 +12,7 @@ import pytest
 from tiny_models import linear_model, ragged_model
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import engines, models, paths
+from tritonkit import engines, kinds, paths
 from tritonkit.config import DynamicBatching, EnsembleStep, ModelSpec, Tensor, load_config, validate_repository
 from tritonkit.engines import EngineError, Environment, Gpu, Profile, Step
 from tritonkit.server import embedded_models
@@ -203,8 +203,8 @@ def test_check_diffs_lists_the_worst_outputs():
 
 def test_build_engines_without_tensorrt_skips_with_reason(tmp_path):
     env = Environment(None, ())
-    for target in models.REGISTRY:
-        steps = engines.build_model_engines(models.get(target), env, repository=tmp_path)
+    for target in kinds.names():
+        steps = engines.build_model_engines(kinds.get(target), env, repository=tmp_path)
         assert [s.status for s in steps] == ["skipped", "skipped"]
         assert all("import tensorrt" in s.detail and "no CUDA GPU" in s.detail for s in steps)
 
@@ -214,7 +214,7 @@ def test_no_int8_plan_from_a_tensorrt_form_that_did_not_pass(tmp_path, monkeypat
     building an "int8" plan from it would name a plan INT8 that is not."""
     from tritonkit import int8
 
-    spec = models.get("image_classification")
+    spec = kinds.get("image_classification")
     monkeypatch.setattr(int8, "REPORTS", tmp_path)
     assert engines.int8_plan_refusal(spec) is None  # no report: nothing to refuse on
     report = int8.report_path(spec, "tensorrt")
@@ -240,11 +240,11 @@ def test_build_engines_command_succeeds_and_prints_the_skip(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", list(models.REGISTRY))
+@pytest.mark.parametrize("target", kinds.names())
 def test_real_plans_build_validate_and_configure(target):
     """On a machine with TensorRT + GPU: plans build, match ORT (polygraphy), carry metadata and configs."""
     env = engines.detect()
-    spec = models.get(target)
+    spec = kinds.get(target)
     steps = engines.build_model_engines(spec, env)
     refused = engines.int8_plan_refusal(spec)  # the TensorRT-form INT8 report did not pass: FP16 only
     assert [s.status for s in steps] == ["skipped" if refused and s.precision == "int8" else "built"

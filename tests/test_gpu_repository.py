@@ -14,10 +14,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit_client import image, text
 from tritonkit_client.core import Client
 
-from tritonkit import data, gpu_repository, imaging
+from tritonkit import data, gpu_repository, imaging, kinds
 from tritonkit.config import load_repository
-from tritonkit.models import efficientnet_lite0 as spec
 from tritonkit.repo_variants import read_config
+
+spec = kinds.get("image_classification")
+
 
 pytestmark = pytest.mark.slow
 PHOTOS = ["chelsea", "coffee", "astronaut", "rocket"]

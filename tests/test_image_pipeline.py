@@ -14,8 +14,11 @@ import pytest
 from tritonkit_client import cli, image
 from tritonkit_client.core import Client, ClientError
 
-from tritonkit import imaging, paths
-from tritonkit.models import efficientnet_lite0 as spec
+from tritonkit import imaging, kinds, paths
+from tritonkit.kinds.image import run_onnx, softmax
+
+spec = kinds.get("image_classification")
+
 
 pytestmark = pytest.mark.slow
 CAT_CLASSES = {"Egyptian cat", "tabby, tabby cat", "tiger cat"}
@@ -80,11 +83,11 @@ def test_served_int8_equals_the_offline_int8_model(image_server, image_build):
     x = imaging.preprocess(data, spec.PREPROCESS)[0]
     # The offline twin runs the file as its config serves it (runtime, precision, threads).
     twin = runtime_choice.served_session(spec, spec.INT8_MODEL, image_build.int8)
-    offline = spec.run_onnx(twin, x, batch_size=1)
+    offline = run_onnx(twin, x, batch_size=1)
     # bf16 kernels round per shape: a batch of 16 and a batch of 1 differ by more than f32's noise.
     bf16 = "bf16" in runtime_choice.variant_for(spec, spec.INT8_MODEL)
     np.testing.assert_allclose(served, offline, atol=0.1 if bf16 else 2e-3, rtol=0)
-    p_served, p_offline = spec.softmax(served.astype(np.float64)), spec.softmax(offline.astype(np.float64))
+    p_served, p_offline = softmax(served.astype(np.float64)), softmax(offline.astype(np.float64))
     np.testing.assert_allclose(p_served, p_offline, atol=1e-2 if bf16 else 1e-3)
     top5 = np.argsort(-offline, axis=1)[:, :5]
     assert all(int(np.argmax(s)) in t for s, t in zip(served, top5))

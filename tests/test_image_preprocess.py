@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tritonkit import imaging
-from tritonkit.models import efficientnet_lite0 as spec
+from tritonkit import imaging, kinds
+from tritonkit.kinds.image import CALIBRATION_BATCH
+
+spec = kinds.get("image_classification")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def test_labels_and_splits():
     assert all(photos.values())
     assert not photos["calibration"] & photos["validation"] and not photos["validation"] & photos["test"]
     assert not photos["calibration"] & photos["test"]
-    assert spec.calibration_batch_count() * spec.CALIBRATION_BATCH <= len(spec.examples("calibration"))
+    assert spec.calibration_batch_count() * CALIBRATION_BATCH <= len(spec.examples("calibration"))
 
 
 def _with_orientation(im: Image.Image, orientation: int, fmt: str) -> bytes:

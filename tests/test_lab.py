@@ -152,10 +152,10 @@ def test_an_fp32_fallback_is_not_labelled_int8(name):
     """The INT8 model name of an FP32 fallback holds the FP32 graph; the lab's rows must not call it INT8."""
     from int8_support import holds_fp32_graph
 
-    from tritonkit import int8, models
+    from tritonkit import int8, kinds
 
     # What this machine's INT8 file holds, judged on the graph itself; unbuilt, what this CPU class's recipe says.
-    spec = models.get(name)
+    spec = kinds.get(name)
     served, fp32 = (paths.MODEL_REPOSITORY / m / "1" / "model.onnx" for m in (spec.INT8_MODEL, spec.FP32_MODEL))
     fallback = holds_fp32_graph(served, fp32) if served.exists() and fp32.exists() else \
         (int8.load_recipes(spec) or {}).get("served", {}).get("status") == int8.FALLBACK

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tiny_models import linear_model
 
-from tritonkit import engines, models, paths
+from tritonkit import engines, kinds, paths
 from tritonkit.config import DynamicBatching, ModelSpec, Tensor
 from tritonkit.engines import EngineError, Environment, Gpu, Profile
 
@@ -43,13 +43,13 @@ def test_builder_must_be_the_servers_tensorrt():
 def test_build_refuses_a_foreign_tensorrt_before_building():
     if not (paths.MODEL_REPOSITORY / "text_encoder" / "1" / "model.onnx").exists():
         pytest.skip("`make build` has not produced text_encoder/1/model.onnx yet")
-    steps = engines.build_model_engines(models.get("text"), Environment("10.8.0", (H100,)), target=TARGET)
+    steps = engines.build_model_engines(kinds.get("text"), Environment("10.8.0", (H100,)), target=TARGET)
     assert [s.status for s in steps] == ["failed", "failed"]
     assert all("NGC 24.10 runs 10.5.0" in s.detail for s in steps)
 
 
 def test_text_profiles_cover_every_length_the_tokenizer_emits():
-    spec = models.get("text")
+    spec = kinds.get("text")
     limits = engines.axis_limits(spec)
     assert limits == {"sequence": spec.MAX_LENGTH}
     dims = {name: ["batch", "sequence"] for name in spec.EXPORT.inputs}
@@ -70,7 +70,7 @@ def test_a_spec_without_a_length_limit_is_refused():
 
 
 def test_validation_reaches_every_profile_maximum_with_real_text():
-    spec = models.get("text")
+    spec = kinds.get("text")
     feeds = engines.validation_feeds(spec)
     dims = {name: ["batch", "sequence"] for name in spec.EXPORT.inputs}
     profiles = engines.profiles_for(dims, 64, engines.axis_limits(spec))

@@ -9,9 +9,11 @@ from text_support import ensure_text_built
 from tritonkit_client import Client, embed
 from tritonkit_client.image import classify
 
-from tritonkit import build, imaging, paths
+from tritonkit import build, imaging, kinds, paths
 from tritonkit.config import find_profiles, load_profile
-from tritonkit.models import efficientnet_lite0 as spec
+
+spec = kinds.get("image_classification")
+
 
 PROFILES = find_profiles(paths.MODEL_REPOSITORY)
 MODELS = ["text_embedding", "image_classification"]

@@ -8,10 +8,11 @@ import onnx
 import pytest
 from text_support import ensure_text_built
 
-from tritonkit import data
+from tritonkit import data, kinds
 from tritonkit.export import ExportSample, ExportSpec, ExportValidationError, validate_onnx
-from tritonkit.models import minilm
 from tritonkit.quantize import check_qdq, quantized_ops
+
+minilm = kinds.get("text_embedding")
 
 
 @pytest.fixture(scope="module")

@@ -82,8 +82,9 @@ def test_batching_noise_is_bounded(server, model, bound):
 
 
 def test_int8_ensemble_is_the_offline_int8_model_and_meets_the_gate(server):
-    from tritonkit import runtime_choice
-    from tritonkit.models import minilm
+    from tritonkit import kinds, runtime_choice
+
+    minilm = kinds.get("text_embedding")
 
     texts = _texts_of_mixed_lengths()
     # The file the encoder serves (its packed form), on the runtime and precision its config names.

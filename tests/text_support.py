@@ -33,6 +33,8 @@ def start_text_server(start_server):
 
 @cache
 def st_model():
-    from tritonkit.models import minilm
+    from tritonkit import kinds
+
+    minilm = kinds.get("text_embedding")
 
     return minilm.sentence_transformer()

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonkit import envinfo, int8, kinds, models, paths
+from tritonkit import envinfo, int8, kinds, paths
 
 REPORTS = paths.REPORTS
 
@@ -181,7 +181,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
     from tritonkit import generate
 
-    spec = models.get(name)
+    spec = kinds.get(name)
     # The model's configs first: a build can then be served even when the INT8 step below stops it.
     for path in generate.write([spec]):
         _log(f"{spec.NAME}: generated {paths.rel(path)}")
@@ -210,7 +210,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tritonkit.build", description=__doc__.splitlines()[0])
-    parser.add_argument("target", choices=[*models.names(), *kinds.ALIASES, "all"])
+    parser.add_argument("target", choices=[*kinds.names(), *kinds.ALIASES, "all"])
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--skip-int8", action="store_true", help="only export + validate FP32")
     parser.add_argument("--search", action="store_true",
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.form and not args.search:
         parser.error("--form only applies with --search")
-    targets = models.names() if args.target == "all" else [args.target]
+    targets = kinds.names() if args.target == "all" else [args.target]
     status = 0
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,

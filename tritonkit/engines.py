@@ -711,10 +711,10 @@ def write_ensembles(repository: Path, built: Sequence[Step]) -> list[Path]:
 
 def _jobs(args):
     """(target, spec, precision, model dir, source ONNX) for every requested target and precision."""
-    from tritonkit import models
+    from tritonkit import kinds
 
     for name in args.targets:
-        spec = models.get(name)
+        spec = kinds.get(name)
         for precision in args.precision or PRECISIONS:
             source = spec.INT8_MODEL if precision == "int8" else spec.FP32_MODEL
             model_dir = args.repository / source
@@ -722,10 +722,10 @@ def _jobs(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tritonkit import models
+    from tritonkit import kinds
 
     parser = argparse.ArgumentParser(description="TensorRT plans (INT8 from Q/DQ ONNX, FP16) for the built models")
-    parser.add_argument("targets", nargs="*", default=list(models.REGISTRY), help="registered models")
+    parser.add_argument("targets", nargs="*", default=kinds.names(), help="registered models")
     parser.add_argument("--precision", action="append", choices=PRECISIONS, help="default: all")
     parser.add_argument("--cc", action="append", help="compute capabilities to build for (default: every GPU's); "
                         "those with no GPU here are reported skipped")
@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(Triton {target.triton}, TensorRT {target.tensorrt})")
     steps: list[Step] = []
     for name in args.targets:
-        steps += build_model_engines(models.get(name), env, args.repository, args.precision or PRECISIONS,
+        steps += build_model_engines(kinds.get(name), env, args.repository, args.precision or PRECISIONS,
                                      target, args.cc)
     for step in steps:
         print(f"[{step.status:7s}] {step.model:28s} {step.detail}")

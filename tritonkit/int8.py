@@ -147,9 +147,9 @@ def load_recipes(spec, cpu: str | None = None) -> dict | None:
 def served_label(name: str) -> str:
     """What model `name`'s INT8 name serves, for labels: "INT8", or "FP32 fallback" when the build here served the
     FP32 graph under the INT8 name (its report says so), else when the committed served-form search found none."""
-    from tritonkit import models
+    from tritonkit import kinds
 
-    spec = models.get(name)
+    spec = kinds.get(name)
     report = report_path(spec)
     if report.exists():
         status = json.loads(report.read_text()).get("status")
@@ -161,9 +161,9 @@ def served_label(name: str) -> str:
 def floor_summary(name: str) -> str:
     """One line on the served form's gates, from this build's report: INT8's test-split result beside the
     half-precision floor and the gate it set, or why the FP32 graph is served, with the floor beside."""
-    from tritonkit import models
+    from tritonkit import kinds
 
-    spec = models.get(name)
+    spec = kinds.get(name)
     path = report_path(spec)
     if not path.exists():
         return "no INT8 report yet"
@@ -429,9 +429,9 @@ def _f(v) -> str:
 
 def check_all(names: list[str] | None = None) -> list[str]:
     """Problems of every registered model's served INT8 (empty: all may be served)."""
-    from tritonkit import models
+    from tritonkit import kinds
 
-    return [p for name in (names or models.names()) for p in served_problems(models.get(name))]
+    return [p for name in (names or kinds.names()) for p in served_problems(kinds.get(name))]
 
 
 README_MARKERS = ("<!-- int8-results:begin (python -m tritonkit.int8 docs) -->", "<!-- int8-results:end -->")
@@ -457,7 +457,7 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
     build/reports/; the other classes' tables stay as their machines wrote them."""
     import hashlib
 
-    from tritonkit import models
+    from tritonkit import kinds
 
     cpu = envinfo.int8_class()
     out = out or docs_page(cpu)
@@ -471,8 +471,8 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
             f"({env['machine']}).")
     earlier = _search_sections(out.read_text()) if out.exists() else {}
     pages, rows = [f"# INT8 results\n\n{head}\n"], []
-    for name in models.names():
-        spec = models.get(name)
+    for name in kinds.names():
+        spec = kinds.get(name)
         for form in FORMS:
             path = report_path(spec, form)
             if not path.exists():

@@ -39,6 +39,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import paths
+from tritonkit.load import real_images
 from tritonkit.perf import PerfPoint, sweep, write_input_data
 
 RESULTS = paths.ROOT / "perf" / "results"
@@ -101,15 +102,8 @@ def _token_rows(name: str = "text_embedding") -> list[dict]:
     return rows
 
 
-def jpegs() -> list[bytes]:
-    from tritonkit import imaging
-    from tritonkit.models import efficientnet_lite0 as spec
-
-    return [imaging.encode(p.rgb, "JPEG", 90) for p in spec.photos()]
-
-
 def _image_rows() -> list[dict]:
-    return _b64_bytes_rows("IMAGE", jpegs())
+    return _b64_bytes_rows("IMAGE", real_images())
 
 
 def _pixel_rows(name: str = "image_classification") -> list[dict]:
@@ -118,7 +112,7 @@ def _pixel_rows(name: str = "image_classification") -> list[dict]:
     kind = kinds.get(name)
     size = kind.spec.facts.input_size
     return [{kind.INPUT: {"b64": base64.b64encode(imaging.preprocess_one(b, kind.PREPROCESS).astype("<f4").tobytes())
-                          .decode(), "shape": [3, size, size]}} for b in jpegs()]
+                          .decode(), "shape": [3, size, size]}} for b in real_images()]
 
 
 def mean_tokens(name: str) -> float:
@@ -193,7 +187,7 @@ def _image_contenders(name: str, settings: Settings, server, stack: contextlib.E
                       progress: Callable[[str], None] = print) -> tuple[list[Contender], list[dict]]:
     from tritonkit import baselines
 
-    photos, s = jpegs(), settings.baseline_seconds
+    photos, s = real_images(), settings.baseline_seconds
     return [
         Contender("onnx_int8", lambda: baselines.onnx_image(photos, s, name, "int8")),
         Contender("onnx_fp32", lambda: baselines.onnx_image(photos, s, name, "fp32")),
@@ -585,7 +579,7 @@ def gate_ratios(name: str, repeats: int = 2, measurement_ms: int = 2000, seconds
         texts = data.split("benchmark")
         ceiling = lambda: baselines.onnx_text(texts, seconds, kind.NAME, "int8")  # noqa: E731
     else:
-        photos = jpegs()
+        photos = real_images()
         ceiling = lambda: baselines.onnx_image(photos, seconds, kind.NAME, "int8")  # noqa: E731
     ensemble = pipe.workloads[0]
     served, base = [], []

@@ -423,8 +423,9 @@ def image_workload(images: Sequence[bytes], model: str = "image_classification")
 
 def real_images(quality: int = 90) -> list[bytes]:
     """The bundled real photos as JPEG, as perf/bench_image.py sends them."""
-    from tritonkit import imaging
-    from tritonkit.models import efficientnet_lite0 as spec
+    from tritonkit import imaging, kinds
+
+    spec = kinds.get("image_classification")
 
     return [imaging.encode(p.rgb, "JPEG", quality) for p in spec.photos()]
 

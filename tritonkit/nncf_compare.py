@@ -164,9 +164,9 @@ def speeds(kind, files: dict[str, Path], threads: int) -> dict[str, dict[str, fl
 
 
 def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = None) -> dict:
-    from tritonkit import int8, models
+    from tritonkit import int8, kinds
 
-    kind = models.get(name)
+    kind = kinds.get(name)
     fp32 = paths.model_file(kind.FP32_MODEL)
     ours = paths.model_file(kind.INT8_MODEL)
     report = json.loads(int8.report_path(kind).read_text()) if int8.report_path(kind).exists() else {}
@@ -222,7 +222,7 @@ def markdown(result: dict, kind) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tritonkit import models
+    from tritonkit import kinds
 
     parser = argparse.ArgumentParser(prog="python -m tritonkit.nncf_compare", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="+")
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{envinfo.cpu_model()}, CPU INT8 class {envinfo.int8_class()}, NNCF {nncf.__version__}, "
           f"versions {json.dumps(envinfo.versions())}\n")
     for result in results:
-        print("\n".join(markdown(result, models.get(result["model"]))) + "\n")
+        print("\n".join(markdown(result, kinds.get(result["model"]))) + "\n")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
         print(f"wrote {paths.rel(args.json)}")
