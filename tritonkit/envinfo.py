@@ -54,6 +54,7 @@ def has_bf16() -> bool:
     return bool(cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
 
 
+@cache
 def fingerprint() -> dict:
     return {"packages": versions(), "cpu_int8_features": cpu_flags(), "machine": platform.machine(),
             "python": platform.python_version()}

@@ -515,7 +515,8 @@ def unbuilt_models(repository: Path | None = None) -> dict[str, list[str]]:
         found = re.match(r"# Generated from (\S+\.toml) ", config.read_text().partition("\n")[0])
         if found:
             by_spec.setdefault(Path(found[1]).stem, []).append(config.parent.name)
-    return {name: models for name, models in by_spec.items() if name in kinds.names()
+    specs = set(kinds.names())
+    return {name: models for name, models in by_spec.items() if name in specs
             and not (repository / kinds.get(name).FP32_MODEL / "1" / "model.onnx").exists()}
 
 

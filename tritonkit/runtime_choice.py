@@ -101,7 +101,6 @@ def width_multiple(kind, model: str) -> int:
     return _variant_width_multiple(variant_for(kind, model))
 
 
-
 def served_file(path: Path) -> Path:
     """What the backend runs for `path`: its packed form where the build wrote one."""
     from tritonkit import packing
