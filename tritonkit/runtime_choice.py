@@ -11,7 +11,9 @@ says why for each.
 The choice is committed per CPU INT8 class (envinfo.int8_class) in models/<name>.runtime.json, with the numbers,
 both runtimes' versions and the CPU that measured them; the generator names the chosen runtime and its parameters
 in the model's config. A class without an entry borrows a measured one, as INT8 recipes do; an unchanged file
-keeps its committed choice, and `python -m tritonkit.build <name> --choose-runtime` re-measures this class.
+(or an INT8 file rebuilt from the same FP32 file, recipe and packages: calibration is not bit-reproducible, see
+source_digest) keeps its committed choice, and `python -m tritonkit.build <name> --choose-runtime` re-measures this
+class.
 """
 
 from __future__ import annotations
@@ -195,6 +197,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def source_digest(kind, fp32: Path) -> str:
+    """What an INT8 file is built from: the FP32 file, this class's committed served recipe and the package versions.
+    Lite0's calibration (histograms over multi-threaded runs) differs in the last bits between builds, so a fresh
+    clone's INT8 file never hashes like the measured one although it serves the same."""
+    from tritonkit import int8
+
+    recipe = (int8.load_recipes(kind) or {}).get("served", {})
+    blob = json.dumps([_digest(fp32), recipe, envinfo.versions()], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
@@ -252,11 +265,14 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
     records = dict(current.get("models", {}))
     for model, (path, gated) in files.items():
         old, digest, served = records.get(model), _digest(path), paths.rel(served_file(path))
-        if not force and old and old.get("sha256") == digest and old.get("file") == served:
+        source = source_digest(kind, fp32) if gated else digest
+        same = digest == old.get("sha256") or source == old.get("source") if old else False
+        if not force and same and old.get("file") == served:
+            records[model] = {**old, "source": source}
             log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
             continue
         log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}")
-        records[model] = choose_model(kind, model, path, fp32, gated, digest)
+        records[model] = {**choose_model(kind, model, path, fp32, gated, digest), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
         data["classes"][cpu_class] = {
