@@ -27,7 +27,6 @@ from tritonkit import envinfo, paths
 from tritonkit.evaluate import run_batches, session
 
 PRECISION = {"served": "bf16", "tensorrt": "fp16"}
-CACHE = paths.BUILD_OUTPUTS / "cache" / "floor"
 
 
 def targets(spec, floor: Mapping[str, float] | None) -> list:
@@ -99,14 +98,23 @@ def how(precision: str) -> str:
             }[precision]
 
 
+def record_path(spec) -> Path | None:
+    """models/<name>.floors.json beside the spec: floors measured by builds, committed so that a fresh clone on the
+    same packages and CPU flags reuses them (None for a spec made in memory, e.g. by tests)."""
+    file = getattr(getattr(spec, "spec", None), "file", None)
+    return file.with_name(f"{spec.NAME}.floors.json") if file is not None else None
+
+
 def measure(spec, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test")) -> dict:
     """{"precision", "how", split: metrics...} of the FP32 graph at `precision` against FP32 (onnxruntime), or
-    {"precision", "unavailable": why}. Cached under build/ by graph, precision, CPU flags and versions."""
+    {"precision", "unavailable": why}. Keyed by graph bytes, precision, splits, CPU flags and package versions:
+    found in the spec's committed floors file, else measured and recorded there."""
     key = hashlib.sha256(Path(fp32).read_bytes() + json.dumps(
         [precision, list(splits), envinfo.fingerprint(), getattr(spec, "NAME", "")]).encode()).hexdigest()[:20]
-    cached = CACHE / f"{getattr(spec, 'NAME', 'model')}-{precision}-{key}.json"
-    if cached.exists():
-        return json.loads(cached.read_text())
+    record = record_path(spec)
+    recorded = json.loads(record.read_text()) if record is not None and record.exists() else {}
+    if key in recorded:
+        return recorded[key]["floor"]
     out: dict = {"precision": precision}
     try:
         run = RUNNERS[precision](Path(fp32))
@@ -119,9 +127,12 @@ def measure(spec, fp32: Path, precision: str, splits: Sequence[str] = ("validati
         batches = spec.eval_batches(split)
         got = np.concatenate([run(b) for b in batches]).astype(np.float32)
         out[split] = {k: round(float(v), 6) for k, v in spec.gate_metrics(run_batches(ref, batches), got).items()}
-    if getattr(spec, "NAME", None):  # specs made up in memory (tests) are not cached
-        CACHE.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(out, indent=1, sort_keys=True))
+    if record is not None:
+        import datetime
+
+        recorded[key] = {"floor": out, "graph": paths.rel(Path(fp32)), "cpu": envinfo.cpu_model(),
+                         "cpu_int8_class": envinfo.int8_class(), "date": datetime.date.today().isoformat()}
+        record.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return out
 
 
