@@ -3,7 +3,7 @@
     python perf/bench_soak.py [--minutes 10] [--rate-fraction 0.7] [--text-share 0.5] [--window-s 60]
 
 Starts tritonserver with text_embedding and image_classification, measures each pipeline's capacity alone
-(closed loop, 16 callers), then offers open-loop Poisson traffic (tritonkit.load, gRPC) of real inputs -- texts
+(closed loop, 16 callers), then offers open-loop Poisson traffic (tritonkit.perf.load, gRPC) of real inputs -- texts
 of the `benchmark` split and the bundled JPEG photos -- at `rate-fraction` of capacity, split between the two
 pipelines by `text-share` of their capacities (0.5: half of each, so together ~rate-fraction of the machine).
 Every answer is checked (unit-norm embedding; probabilities summing to 1). Per window (default one minute):
@@ -30,9 +30,10 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import data, load
-from tritonkit.perf import save_results
-from tritonkit.server import TritonServer
+from tritonkit import data
+from tritonkit.perf import load
+from tritonkit.perf.analyzer import save_results
+from tritonkit.runtime.server import TritonServer
 
 MODELS = ["text_embedding", "image_classification"]
 STEPS = ("tokenizer", "text_encoder", "image_preprocess", "image_classifier")

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tritonkit.server import TritonServer
+from tritonkit.runtime.server import TritonServer
 
 
 def _interrupt(signum, _frame):
@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from tritonkit.engines import detect
+    from tritonkit.tensorrt.engines import detect
 
     reason = detect().skip_reason
     if reason:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tiny_models import SLEEPY_MODEL_PY
 
-from tritonkit.config import DynamicBatching, ModelSpec, Tensor, to_pbtxt
+from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor, to_pbtxt
 
 
 def build_bounded_repository(

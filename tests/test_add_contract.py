@@ -69,8 +69,9 @@ def test_the_build_chose_each_served_models_runtime_by_measurement_and_its_confi
     below, whichever runtime won)."""
     import json
 
-    from tritonkit import envinfo, runtime_choice
-    from tritonkit.config import parse_config
+    from tritonkit import envinfo
+    from tritonkit.repository import runtime_choice
+    from tritonkit.repository.config import parse_config
 
     root, _, _ = tree
     for name, models in (("my_encoder", ("my_encoder_encoder", "my_encoder_encoder_fp32")),
@@ -119,9 +120,9 @@ def test_served_image_matches_torch_at_its_own_input_size(server, tree):
     import torch
     from tritonkit_client import Client, image
 
-    from tritonkit import imaging
     from tritonkit.data import photos as photo_set
     from tritonkit.kinds.image import load_callable
+    from tritonkit.serving import imaging
 
     root, _, _ = tree
     photos = [imaging.encode(v.rgb, "JPEG", 92) for v in photo_set.views("test", ("full",))[:12]]

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
 from tritonkit import paths
-from tritonkit.config import DynamicBatching, ModelSpec, Tensor
-from tritonkit.perf import metrics_counters
+from tritonkit.perf.analyzer import metrics_counters
+from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
 
 ROWS = 10
 TABLE = np.arange(ROWS, dtype=np.float32).reshape(ROWS, 1)  # row 0 is 0: right-padding adds nothing

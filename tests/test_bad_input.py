@@ -37,7 +37,8 @@ from PIL import Image
 from text_support import INT8_PACKING_NOISE
 from tritonclient.utils import InferenceServerException
 
-from tritonkit import build, data, imaging, kinds, paths
+from tritonkit import build, data, kinds, paths
+from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
 

@@ -1,11 +1,11 @@
-"""tritonkit.batching.length_buckets: the plan the onnxruntime backend follows for ragged batches."""
+"""tritonkit.serving.batching.length_buckets: the plan the onnxruntime backend follows for ragged batches."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tritonkit.batching import length_buckets
+from tritonkit.serving.batching import length_buckets
 
 
 def _padding(lengths, rows, run) -> tuple[int, int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tritonkit import paths
-from tritonkit.config import (
+from tritonkit.repository.config import (
     ConfigError,
     DynamicBatching,
     EnsembleStep,

@@ -21,9 +21,18 @@ import yaml
 from tiny_models import build_sleepy_repository
 from tritonclient.utils import InferenceServerException
 
-from tritonkit import deploy, ngc, paths, repo_variants, supervisor
-from tritonkit.config import find_configs, load_config
-from tritonkit.server import CONTROL_HEADER, RESTRICTED_APIS, TritonServer, _stubs_of, prepare_backend_dir, server_env
+from tritonkit import deploy, paths, release
+from tritonkit.repository import variants
+from tritonkit.repository.config import find_configs, load_config
+from tritonkit.runtime import supervisor
+from tritonkit.runtime.server import (
+    CONTROL_HEADER,
+    RESTRICTED_APIS,
+    TritonServer,
+    _stubs_of,
+    prepare_backend_dir,
+    server_env,
+)
 
 DOCKER = paths.ROOT / "docker"
 
@@ -40,10 +49,10 @@ def test_dockerfile_keeps_ngc_entrypoint_and_has_one_release_setting():
     kinds = [k for k, _ in steps]
     assert "ENTRYPOINT" not in kinds  # NGC's entrypoint (driver compatibility handling) must stay
     args = dict(a.split("=", 1) for k, a in steps if k == "ARG")
-    assert args["NGC_RELEASE"] == ngc.RELEASE
+    assert args["NGC_RELEASE"] == release.DEFAULT
     (base,) = [a for k, a in steps if k == "FROM"]
     assert base == "nvcr.io/nvidia/tritonserver:${NGC_RELEASE}-py3"
-    assert base.replace("${NGC_RELEASE}", args["NGC_RELEASE"]) == ngc.BASE_IMAGE
+    assert base.replace("${NGC_RELEASE}", args["NGC_RELEASE"]) == release.BASE_IMAGE
     (cmd,) = [a for k, a in steps if k == "CMD"]
     assert json.loads(cmd) == deploy.server_command()  # exec form, the command Kubernetes runs too
 
@@ -53,13 +62,13 @@ def test_compose_uses_the_image_command_mounts_repository_reserves_gpu_and_sets_
     svc = compose["services"]["tritonserver"]
     assert "entrypoint" not in svc and "command" not in svc
     # The variable that picks the release for plan builds picks the image too.
-    assert svc["build"]["args"]["NGC_RELEASE"] == f"${{{ngc.RELEASE_ENV}:-{ngc.RELEASE}}}"
-    assert svc["image"] == f"{ngc.IMAGE_NAME}:${{{ngc.RELEASE_ENV}:-{ngc.RELEASE}}}"
+    assert svc["build"]["args"]["NGC_RELEASE"] == f"${{{release.RELEASE_ENV}:-{release.DEFAULT}}}"
+    assert svc["image"] == f"{release.IMAGE_NAME}:${{{release.RELEASE_ENV}:-{release.DEFAULT}}}"
     assert svc["environment"][supervisor.KEY_ENV].startswith(f"${{{supervisor.KEY_ENV}:?")
     # The NGC container serves the NGC view of the repository, not the embedded one.
     (volume,) = svc["volumes"]
     host, target, mode = volume.split(":")
-    assert (DOCKER / host).resolve() == repo_variants.NGC_REPOSITORY and (target, mode) == ("/models", "ro")
+    assert (DOCKER / host).resolve() == variants.NGC_REPOSITORY and (target, mode) == ("/models", "ro")
     assert svc["shm_size"] == "1gb"
     devices = svc["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
@@ -94,7 +103,7 @@ def test_container_requirements_cover_python_backend_imports():
 def test_supervisor_imports_only_the_standard_library_and_tritonkit_server():
     """It runs on the container's Python (3.10 in 24.10), where only requirements-container.txt is installed."""
     allowed = set(sys.stdlib_module_names) | {"tritonkit"}
-    for module in (supervisor, sys.modules["tritonkit.server"], sys.modules["tritonkit.paths"]):
+    for module in (supervisor, sys.modules["tritonkit.runtime.server"], sys.modules["tritonkit.paths"]):
         tree = ast.parse(Path(module.__file__).read_text(), feature_version=(3, 10))
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
@@ -211,7 +220,7 @@ def test_supervisor_runs_the_server_recovers_a_stub_and_drains_on_sigterm(tmp_pa
     prepare_backend_dir(Path(spec.backend_dir))
     log = tmp_path / "supervisor.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tritonkit.supervisor", "--poll-s", "0.2", "--",
+        proc = subprocess.Popen([sys.executable, "-m", "tritonkit.runtime.supervisor", "--poll-s", "0.2", "--",
                                  *spec.command()], env=server_env(), cwd=paths.ROOT, stdout=out,
                                 stderr=subprocess.STDOUT)
     server_pid = None

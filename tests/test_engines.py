@@ -12,10 +12,18 @@ import pytest
 from tiny_models import linear_model, ragged_model
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import engines, kinds, paths
-from tritonkit.config import DynamicBatching, EnsembleStep, ModelSpec, Tensor, load_config, validate_repository
-from tritonkit.engines import EngineError, Environment, Gpu, Profile, Step
-from tritonkit.server import embedded_models
+from tritonkit import kinds, paths
+from tritonkit.repository.config import (
+    DynamicBatching,
+    EnsembleStep,
+    ModelSpec,
+    Tensor,
+    load_config,
+    validate_repository,
+)
+from tritonkit.repository.native_check import embedded_models
+from tritonkit.tensorrt import engines
+from tritonkit.tensorrt.engines import EngineError, Environment, Gpu, Profile, Step
 
 H100 = Gpu(0, "NVIDIA H100", (9, 0))
 
@@ -31,7 +39,7 @@ def test_skip_reason_names_what_is_missing():
 
 
 def _this_machine() -> tuple[str | None, int]:
-    """(TensorRT version, GPU count) found without tritonkit.engines: the installed distribution's metadata and
+    """(TensorRT version, GPU count) found without tritonkit.tensorrt.engines: the installed distribution's metadata and
     nvidia-smi (or the device nodes where there is none), so a broken detect() cannot vouch for itself."""
     import importlib.metadata
     import shutil
@@ -212,12 +220,12 @@ def test_build_engines_without_tensorrt_skips_with_reason(tmp_path):
 def test_no_int8_plan_from_a_tensorrt_form_that_did_not_pass(tmp_path, monkeypatch):
     """A failed or fallen-back TensorRT-form INT8 report means its Q/DQ graph is the FP32 model or nearly float:
     building an "int8" plan from it would name a plan INT8 that is not."""
-    from tritonkit import int8
+    from tritonkit.int8 import recipe
 
     spec = kinds.get("image_classification")
-    monkeypatch.setattr(int8, "REPORTS", tmp_path)
+    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
     assert engines.int8_plan_refusal(spec) is None  # no report: nothing to refuse on
-    report = int8.report_path(spec, "tensorrt")
+    report = recipe.report_path(spec, "tensorrt")
     report.write_text(json.dumps({"passed": True, "status": "passed"}))
     assert engines.int8_plan_refusal(spec) is None
     report.write_text(json.dumps({"passed": False, "status": "failed",
@@ -230,7 +238,7 @@ def test_build_engines_command_succeeds_and_prints_the_skip(tmp_path):
     trt, gpus = _this_machine()
     if trt is not None and gpus:
         pytest.skip("TensorRT and a GPU are present: the gpu tests cover the real build")
-    result = subprocess.run([sys.executable, "-m", "tritonkit.engines"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "tritonkit.tensorrt.engines"], capture_output=True, text=True,
                             cwd=paths.ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[skipped]" in result.stdout

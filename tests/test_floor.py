@@ -1,4 +1,4 @@
-"""INT8 gates judged against the FP32 graph's own half-precision floor (tritonkit.floor).
+"""INT8 gates judged against the FP32 graph's own half-precision floor (tritonkit.int8.floor).
 
 The rule is checked with numbers worked out here; the floor itself is measured for real on the tiny model of
 test_search (one outlier channel), whose INT8 passes only thanks to its floor when a layer may stay float, and is far
@@ -15,8 +15,9 @@ import onnx
 import pytest
 from test_search import TinySpec, _export
 
-from tritonkit import envinfo, evaluate, floor, int8, search
-from tritonkit.quantize import Target
+from tritonkit import envinfo
+from tritonkit.int8 import evaluate, floor, recipe, search
+from tritonkit.kinds.gates import Target
 
 
 class Spec:
@@ -138,32 +139,32 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
     assert all(f["metrics"].get("cosine_min", 1.0) < bound for f in result.best_failed if f.get("metrics"))
 
     spec.EXPORT = type("Export", (), {"name": "tiny"})
-    monkeypatch.setattr(int8, "REPORTS", tmp_path)
+    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")  # the fp16 floor runs on any CPU
     out = tmp_path / "served.onnx"
-    entry = {"recipe": None, "status": int8.FALLBACK, "reason": result.reason}
-    outcome = int8.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
-    assert outcome.status == int8.FALLBACK
+    entry = {"recipe": None, "status": recipe.FALLBACK, "reason": result.reason}
+    outcome = recipe.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
+    assert outcome.status == recipe.FALLBACK
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
-    assert meta[int8.PRECISION_KEY].startswith("fp32-fallback")
-    report = json.loads(int8.report_path(spec).read_text())
+    assert meta[recipe.PRECISION_KEY].startswith("fp32-fallback")
+    report = json.loads(recipe.report_path(spec).read_text())
     assert report["floor"]["test"] == half["test"]
 
 
 def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_path, monkeypatch):
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
-    recipe = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                           min_int8_share=0, floor=half).run().recipe
+    found = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                          min_int8_share=0, floor=half).run().recipe
     spec.EXPORT = type("Export", (), {"name": "tiny"})
-    monkeypatch.setattr(int8, "REPORTS", tmp_path)
+    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")
-    entry = {"recipe": dataclasses.asdict(recipe), "status": "passed"}
-    outcome = int8.replay(spec, tiny, "served", {"served": entry}, tmp_path / "served.onnx", progress=False)
+    entry = {"recipe": dataclasses.asdict(found), "status": "passed"}
+    outcome = recipe.replay(spec, tiny, "served", {"served": entry}, tmp_path / "served.onnx", progress=False)
     assert outcome.status == "passed", outcome.missed
-    report = json.loads(int8.report_path(spec).read_text())
+    report = json.loads(recipe.report_path(spec).read_text())
     gate = next(g for g in report["gates"] if g["metric"] == "cosine_min")
     assert gate["absolute"] == 0.9999999
     assert gate["test"] == pytest.approx(half["test"]["cosine_min"] - 0.002, abs=1e-6)
-    page = int8.render_markdown(report)
+    page = recipe.render_markdown(report)
     assert "floor val / test" in page and f"{half['test']['cosine_min']:.4f}" in page

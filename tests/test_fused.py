@@ -14,8 +14,9 @@ import tritonclient.grpc as grpcclient
 from text_support import INT8_PACKING_NOISE, ensure_text_built
 from tritonclient.utils import InferenceServerException
 
-from tritonkit import data, kinds, paths, textproc
-from tritonkit.config import load_config
+from tritonkit import data, kinds, paths
+from tritonkit.repository.config import load_config
+from tritonkit.serving import textproc
 
 FUSED, ENSEMBLE = "text_embedding_fused", "text_embedding"
 OUTPUTS = ["embedding", "num_tokens", "truncated"]

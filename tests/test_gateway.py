@@ -19,7 +19,7 @@ from text_support import start_text_server
 from tritonkit_client.core import Client
 from tritonkit_client.text import embed
 
-from tritonkit.server import free_port
+from tritonkit.runtime.server import free_port
 
 pytestmark = pytest.mark.slow  # serves the built MiniLM pipeline
 

@@ -1,4 +1,4 @@
-"""The GPU view (tritonkit.gpu_repository) and the torch_cuda backend, on the real tritonserver.
+"""The GPU view (tritonkit.runtime.gpu_repository) and the torch_cuda backend, on the real tritonserver.
 
 Without a CUDA device the same repository is served with KIND_CPU FP32 instances: that runs the backend's batching
 (ragged padding across requests, splitting back) and the ensembles' rewiring; the KIND_GPU test then skips with
@@ -14,9 +14,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonkit_client import image, text
 from tritonkit_client.core import Client
 
-from tritonkit import data, gpu_repository, imaging, kinds
-from tritonkit.config import load_repository
-from tritonkit.repo_variants import read_config
+from tritonkit import data, kinds
+from tritonkit.repository.config import load_repository
+from tritonkit.repository.variants import read_config
+from tritonkit.runtime import gpu_repository
+from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
 
@@ -104,7 +106,7 @@ def _check_served(server, cosine_min: float, logits_atol: float) -> None:
 
 
 def _stats(server) -> dict:
-    from tritonkit.perf import model_stats
+    from tritonkit.perf.analyzer import model_stats
 
     return model_stats(server.http_url, ["text_encoder_cuda", "image_classifier_cuda"])
 

@@ -14,8 +14,9 @@ import pytest
 from tritonkit_client import cli, image
 from tritonkit_client.core import Client, ClientError
 
-from tritonkit import imaging, kinds, paths
+from tritonkit import kinds, paths
 from tritonkit.kinds.image import run_onnx, softmax
+from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
 
@@ -78,7 +79,7 @@ def test_served_int8_equals_the_offline_int8_model(image_server, image_build):
     client = _client(image_server)
     served = np.concatenate([image.probabilities(data[i : i + 16], client=client, outputs=["LOGITS"])["LOGITS"]
                              for i in range(0, len(data), 16)])
-    from tritonkit import runtime_choice
+    from tritonkit.repository import runtime_choice
 
     x = imaging.preprocess(data, spec.PREPROCESS)[0]
     # The offline twin runs the file as its config serves it (runtime, precision, threads).
@@ -101,16 +102,17 @@ def test_served_int8_is_the_searched_form_and_engines_get_the_tensorrt_form(imag
     import onnx
     from int8_support import assert_fp32_fallback, fell_back
 
-    from tritonkit import engines, int8
-    from tritonkit.quantize import check_qdq
+    from tritonkit.int8 import recipe
+    from tritonkit.int8.quantize import check_qdq
+    from tritonkit.tensorrt import engines
 
-    recipes = int8.load_recipes(spec)
+    recipes = recipe.load_recipes(spec)
     for form, path, activation in (("served", image_build.int8, None), ("tensorrt", image_build.trt_int8, "int8")):
-        recipe = recipes[form]["recipe"]
+        entry = recipes[form]["recipe"]
         if fell_back(spec, form):  # no candidate for this form here: the FP32 graph, never a failed INT8 model
             assert_fp32_fallback(path, image_build.fp32)
             continue
-        assert check_qdq(onnx.load(str(path)), activation or recipe["form"], per_channel=True)["QuantizeLinear"] > 0
+        assert check_qdq(onnx.load(str(path)), activation or entry["form"], per_channel=True)["QuantizeLinear"] > 0
     model_dir = paths.MODEL_REPOSITORY / spec.INT8_MODEL
     assert engines.trt_source_onnx(model_dir, spec.INT8_MODEL) == image_build.trt_int8
 

@@ -1,4 +1,5 @@
-"""tritonkit.imaging (the code the image_preprocess Python backend runs) and the EfficientNet-Lite0 spec data."""
+"""tritonkit.serving.imaging (the code the image_preprocess Python backend runs) and the EfficientNet-Lite0 spec
+data."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tritonkit import imaging, kinds
+from tritonkit import kinds
 from tritonkit.kinds.image import CALIBRATION_BATCH
+from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
 

@@ -50,9 +50,9 @@ def _bf16(fp32):
 
 
 def _recorded_floor(kind) -> dict:
-    from tritonkit import int8
+    from tritonkit.int8 import recipe
 
-    return ((int8.load_recipes(kind) or {}).get("served", {}).get("floor") or {}).get("test", {})
+    return ((recipe.load_recipes(kind) or {}).get("served", {}).get("floor") or {}).get("test", {})
 
 
 def _bf16_outputs(fp32, x):
@@ -82,12 +82,13 @@ def _fallback(kind, built) -> bool:
     back; the gates are not claimed."""
     from int8_support import assert_fp32_fallback, fell_back
 
-    from tritonkit import generate, int8
+    from tritonkit.int8 import recipe
+    from tritonkit.repository import generate
 
     if not fell_back(kind):
         return False
     assert_fp32_fallback(built.int8, built.fp32)
-    if int8.all_classes_fall_back(kind):
+    if recipe.all_classes_fall_back(kind):
         config = generate.files([kind])[paths.MODEL_REPOSITORY / kind.INT8_MODEL / "config.pbtxt"]
         assert "tritonkit_precision" in config and "fp32-fallback" in config
     return True
@@ -172,7 +173,7 @@ def _check(tmp_path, report: dict | None) -> subprocess.CompletedProcess:
     else:
         path.write_text(json.dumps(report))
     env = {**os.environ, "TRITONKIT_BUILD_OUTPUTS": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "tritonkit.int8", "check", "text_embedding"], env=env,
+    return subprocess.run([sys.executable, "-m", "tritonkit.int8.recipe", "check", "text_embedding"], env=env,
                           cwd=paths.ROOT, capture_output=True, text=True, timeout=120)
 
 

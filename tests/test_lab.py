@@ -15,8 +15,16 @@ import pytest
 from PIL import Image
 from tiny_models import B, W
 
-from tritonkit import lab, paths
-from tritonkit.perf import PerfPoint, model_stats, run_perf_analyzer, stats_split, time_in_process, write_input_data
+from tritonkit import paths
+from tritonkit.perf import lab
+from tritonkit.perf.analyzer import (
+    PerfPoint,
+    model_stats,
+    run_perf_analyzer,
+    stats_split,
+    time_in_process,
+    write_input_data,
+)
 
 CONCURRENCY = 2
 RATE = 40.0
@@ -152,13 +160,13 @@ def test_an_fp32_fallback_is_not_labelled_int8(name):
     """The INT8 model name of an FP32 fallback holds the FP32 graph; the lab's rows must not call it INT8."""
     from int8_support import holds_fp32_graph
 
-    from tritonkit import int8, kinds
-
     # What this machine's INT8 file holds, judged on the graph itself; unbuilt, what this CPU class's recipe says.
+    from tritonkit import kinds
+    from tritonkit.int8 import recipe
     spec = kinds.get(name)
     served, fp32 = (paths.MODEL_REPOSITORY / m / "1" / "model.onnx" for m in (spec.INT8_MODEL, spec.FP32_MODEL))
     fallback = holds_fp32_graph(served, fp32) if served.exists() and fp32.exists() else \
-        (int8.load_recipes(spec) or {}).get("served", {}).get("status") == int8.FALLBACK
+        (recipe.load_recipes(spec) or {}).get("served", {}).get("status") == recipe.FALLBACK
     label = lab.pipeline(name).workloads[0].label
     assert ("FP32 fallback" in label) == fallback, label
     assert ("INT8" in label) != fallback, label

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tritonkit import paths
-from tritonkit.backend_utils import cgroup_cpu_limit
-from tritonkit.server import CONTROL_HEADER, free_port
+from tritonkit.runtime.server import CONTROL_HEADER, free_port
+from tritonkit.serving.backend_utils import cgroup_cpu_limit
 
 
 def _stub_count(pgid: int) -> int:
@@ -98,7 +98,7 @@ def test_thread_pools_follow_cpu_affinity(smoke_repository, tmp_path):
     """Under `taskset -c <one cpu>` the ORT backend sizes its pool from 1 CPU, not from every core of the host."""
     cpu = str(min(os.sched_getaffinity(0)))
     probe = subprocess.run(["taskset", "-c", cpu, sys.executable, "-c",
-                            "from tritonkit.backend_utils import usable_cpus; print(usable_cpus())"],
+                            "from tritonkit.serving.backend_utils import usable_cpus; print(usable_cpus())"],
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "1"
     proc, out, _ = _launch(smoke_repository, tmp_path, "--key-file", str(tmp_path / "key"),
@@ -130,7 +130,7 @@ def test_cgroup_quota_caps_usable_cpus(tmp_path):
 
 def test_check_fails_clearly_without_setup(tmp_path):
     env = dict(os.environ, TRITONKIT_BACKEND_DIR=str(tmp_path / "nowhere"))
-    result = subprocess.run([sys.executable, "-m", "tritonkit.server", "check"], env=env,
+    result = subprocess.run([sys.executable, "-m", "tritonkit.runtime.server", "check"], env=env,
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "make setup" in result.stderr

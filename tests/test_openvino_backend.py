@@ -26,7 +26,7 @@ from test_backend_errors import (
 )
 from tritonclient.utils import InferenceServerException
 
-from tritonkit.config import DynamicBatching, ModelSpec, Tensor
+from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
 
 THREADS = {"onnxruntime": "intra_op_thread_count", "openvino": "INFERENCE_NUM_THREADS"}
 

@@ -23,8 +23,9 @@ import yaml
 from tiny_models import SLEEPY_MODEL_PY, build_smoke_repository
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import deploy, native_check, ngc, paths, repo_variants
-from tritonkit.server import free_port
+from tritonkit import deploy, paths, release
+from tritonkit.repository import native_check, variants
+from tritonkit.runtime.server import free_port
 
 K8S_VERSION = "1.30.0"
 CRD_SCHEMAS = Path(__file__).parent / "fixtures" / "prometheus_operator"
@@ -137,7 +138,7 @@ def test_each_variant_runs_the_image_command_on_its_own_view(variant):
     container = _variant(variant)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == deploy.server_command()
     mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/models")
-    view = repo_variants.NGC_REPOSITORY if variant == "gpu" else repo_variants.NGC_CPU_REPOSITORY
+    view = variants.NGC_REPOSITORY if variant == "gpu" else variants.NGC_CPU_REPOSITORY
     assert mount["subPath"] == view.name
 
 
@@ -166,7 +167,7 @@ def test_cpu_view_has_no_gpu_only_model():
 def test_kustomize_build_sets_the_registry_from_one_place(variant):
     image_component = yaml.safe_load((deploy.K8S_DIR / "image" / "kustomization.yaml").read_text())
     (override,) = image_component["images"]
-    assert override["name"] == ngc.IMAGE_NAME
+    assert override["name"] == release.IMAGE_NAME
     built = subprocess.run(["kubectl", "kustomize", str(deploy.K8S_DIR / variant)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
@@ -177,7 +178,7 @@ def test_kustomize_build_sets_the_registry_from_one_place(variant):
                             "PersistentVolumeClaim", "PodMonitor", "PrometheusRule"])
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == f"{override['newName']}:{ngc.RELEASE}"
+    assert image == f"{override['newName']}:{release.DEFAULT}"
 
 
 # --- rules ----------------------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ import tritonclient.http as httpclient
 from overload_models import build_bounded_repository
 from tritonclient.grpc import aio as grpc_aio
 
-from tritonkit import load, paths
-from tritonkit import repo_variants as rv
-from tritonkit.config import load_profile, load_repository, to_pbtxt
+from tritonkit import paths
+from tritonkit.perf import load
+from tritonkit.repository import variants as rv
+from tritonkit.repository.config import load_profile, load_repository, to_pbtxt
 
 BURST = 40
 
@@ -91,7 +92,7 @@ def test_default_configs_have_no_queue_policy_and_the_overload_profile_sheds_at_
 
 def test_committed_overload_profile_is_the_generated_one():
     for path, text in rv.overload_profile().items():
-        assert path.read_text() == text, f"{path} is stale: run `python -m tritonkit.repo_variants`"
+        assert path.read_text() == text, f"{path} is stale: run `python -m tritonkit.repository.variants`"
 
 
 def test_full_queue_rejects_a_burst_over_grpc_and_http(start_server, tmp_path):

@@ -1,5 +1,5 @@
-"""Packed text batches (tritonkit.packing): the row layout, and the graph rewrite against the padded graph it came
-from, for tiny random BERT and MPNet encoders exported the way the build exports them (torch.onnx, opset 17)."""
+"""Packed text batches (tritonkit.serving.packing): the row layout, and the graph rewrite against the padded graph it
+came from, for tiny random BERT and MPNet encoders exported the way the build exports them (torch.onnx, opset 17)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from tiny_sources import sentence_transformers_dir
 
-from tritonkit import packing
 from tritonkit.export import row_metric
 from tritonkit.kinds import architectures
+from tritonkit.serving import packing
 
 HIDDEN = 32  # the tiny encoders' width
 

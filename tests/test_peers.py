@@ -11,8 +11,9 @@ import types
 import numpy as np
 import pytest
 
-from tritonkit import baselines, data, kinds, lab, paths, peers
-from tritonkit.perf import PerfPoint
+from tritonkit import data, kinds, paths
+from tritonkit.perf import baselines, lab, peers
+from tritonkit.perf.analyzer import PerfPoint
 
 TEXT = "text_embedding"
 
@@ -125,7 +126,7 @@ def test_infinity_serves_the_same_model_under_the_same_load_generator():
 def _need_venv(name: str) -> None:
     if not peers.installed(peers.ENVS[name]):
         env = peers.ENVS[name]
-        reason = f"{name} venv not installed ({paths.rel(env.dir)}; python -m tritonkit.peers install {name})"
+        reason = f"{name} venv not installed ({paths.rel(env.dir)}; python -m tritonkit.perf.peers install {name})"
         print(f"skipped: {reason}")
         pytest.skip(reason)
 

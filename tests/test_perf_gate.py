@@ -1,7 +1,7 @@
 """CI perf gate: the served INT8 ensemble must keep up with the in-process INT8 ceiling of the same built model
 (our own ONNX file in ONNX Runtime on all cores, fed like the server feeds it), measured in the same test.
 
-Ratios, not absolute numbers: a slower or busier CI machine slows both sides. `tritonkit.lab.GATE` holds each
+Ratios, not absolute numbers: a slower or busier CI machine slows both sides. `tritonkit.perf.lab.GATE` holds each
 threshold: the measured median ratio minus the measured run-to-run spread (`perf/gate_noise.py`, docs/performance.md
 "CI perf gate"), never above the target (`lab.TARGET`, served ≥ 1.0× in-process). The last test serves a copy of
 the repository whose encoder batches badly and checks that the gate notices.
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tritonkit import config, kinds, lab, paths
+from tritonkit import kinds, paths
+from tritonkit.perf import lab
+from tritonkit.repository import config
 
 pytestmark = pytest.mark.slow
 

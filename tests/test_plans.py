@@ -11,33 +11,34 @@ import numpy as np
 import pytest
 from tiny_models import linear_model
 
-from tritonkit import engines, kinds, paths
-from tritonkit.config import DynamicBatching, ModelSpec, Tensor
-from tritonkit.engines import EngineError, Environment, Gpu, Profile
+from tritonkit import kinds, paths, release
+from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
+from tritonkit.tensorrt import engines
+from tritonkit.tensorrt.engines import EngineError, Environment, Gpu, Profile
 
 H100 = Gpu(0, "NVIDIA H100", (9, 0), "GPU-11111111-2222-3333-4444-555555555555")
-TARGET = engines.ServerTarget("24.10", "2.51.0", "10.5.0")
+TARGET = release.ServerTarget("24.10", "2.51.0", "10.5.0")
 
 
 def test_target_server_is_one_setting(monkeypatch):
     monkeypatch.delenv("TRITONKIT_NGC_RELEASE", raising=False)
     monkeypatch.delenv("TRITONKIT_TENSORRT", raising=False)
-    assert engines.target_server() == TARGET
+    assert release.target_server() == TARGET
     assert TARGET.image == "nvcr.io/nvidia/tritonserver:24.10-py3"
     monkeypatch.setenv("TRITONKIT_NGC_RELEASE", "99.01")
     with pytest.raises(EngineError, match="set TRITONKIT_TENSORRT"):
-        engines.target_server()
+        release.target_server()
     monkeypatch.setenv("TRITONKIT_TENSORRT", "11.0.0")
-    assert engines.target_server().tensorrt == "11.0.0"
+    assert release.target_server().tensorrt == "11.0.0"
 
 
 def test_builder_must_be_the_servers_tensorrt():
-    engines.check_builder("10.5.0.18", TARGET)  # build number beyond major.minor.patch does not matter
+    release.check_builder("10.5.0.18", TARGET)  # build number beyond major.minor.patch does not matter
     for other in ("10.8.0", "10.5.1", "11.0.0"):
         with pytest.raises(EngineError, match=re.escape("build inside nvcr.io/nvidia/tritonserver:24.10-py3")):
-            engines.check_builder(other, TARGET)
+            release.check_builder(other, TARGET)
     with pytest.raises(EngineError, match=re.escape("built by TensorRT 11.0.0")):
-        engines.check_plan_metadata({"tensorrt": "11.0.0"}, TARGET, "x.plan")
+        release.check_plan_metadata({"tensorrt": "11.0.0"}, TARGET, "x.plan")
 
 
 def test_build_refuses_a_foreign_tensorrt_before_building():

@@ -29,9 +29,9 @@ def test_a_never_built_checkout_is_told_what_to_run(tmp_path):
     specs = tmp_path / "models"
     specs.mkdir()
     shutil.copy(paths.SPECS / "text_embedding.toml", specs)
-    subprocess.run([sys.executable, "-m", "tritonkit.generate"], check=True, capture_output=True, timeout=120,
-                   env={**os.environ, "TRITONKIT_SPECS": str(specs),
-                        "TRITONKIT_MODEL_REPOSITORY": str(tmp_path / "repo")})
+    subprocess.run([sys.executable, "-m", "tritonkit.repository.generate"], check=True, capture_output=True,
+                   timeout=120, env={**os.environ, "TRITONKIT_SPECS": str(specs),
+                                     "TRITONKIT_MODEL_REPOSITORY": str(tmp_path / "repo")})
     out = _run(tmp_path, "--http-port", str(_free_port()), "--grpc-port", str(_free_port()), "--metrics-port",
                str(_free_port()))
     assert out.returncode == 2
@@ -56,4 +56,4 @@ def test_stale_generated_configs_are_refused(tmp_path):
     specs.mkdir()
     shutil.copy(paths.SPECS / "text_embedding.toml", specs)
     out = _run(tmp_path, specs=specs)  # nothing generated into the scratch repository yet
-    assert out.returncode == 2 and "python -m tritonkit.generate" in out.stderr
+    assert out.returncode == 2 and "python -m tritonkit.repository.generate" in out.stderr

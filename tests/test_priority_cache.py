@@ -1,7 +1,7 @@
 """Priority levels and the response cache on the text pipeline (behaviour, not timings; the timings are in
 perf/bench_priority.py and perf/bench_cache.py).
 
-One real server over a temporary variant of the text pipeline (tritonkit.repo_variants): the composing models
+One real server over a temporary variant of the text pipeline (tritonkit.repository.variants): the composing models
 with `priority_levels: 2 default_priority_level: 2`, the ensemble with `response_cache { enable: true }`, started
 with `--cache-config local,size=...`.
 """
@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from text_support import ensure_text_built
 
-from tritonkit import repo_variants as rv
-from tritonkit.config import load_config
+from tritonkit.repository import variants as rv
+from tritonkit.repository.config import load_config
 
 COMPOSING = ("tokenizer", "text_encoder")
 

@@ -9,8 +9,9 @@ from text_support import ensure_text_built
 from tritonkit_client import Client, embed
 from tritonkit_client.image import classify
 
-from tritonkit import build, imaging, kinds, paths
-from tritonkit.config import find_profiles, load_profile
+from tritonkit import build, kinds, paths
+from tritonkit.repository.config import find_profiles, load_profile
+from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
 

@@ -16,8 +16,8 @@ import tritonclient.http as httpclient
 from tiny_models import SLEEPY_MODEL_PY, build_sleepy_repository
 from tritonclient.utils import InferenceServerException
 
-from tritonkit.config import ModelSpec, Tensor
-from tritonkit.server import CONTROL_HEADER, TritonServer, free_port
+from tritonkit.repository.config import ModelSpec, Tensor
+from tritonkit.runtime.server import CONTROL_HEADER, TritonServer, free_port
 
 
 def _echo(url: str, value: float, model: str = "sleepy") -> float:

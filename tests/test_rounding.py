@@ -1,4 +1,4 @@
-"""GPTQ weight rounding (tritonkit.rounding) on a small conv net it has never seen: lower output error than
+"""GPTQ weight rounding (tritonkit.int8.rounding) on a small conv net it has never seen: lower output error than
 round-to-nearest on the data it measured, weights onnxruntime's quantizer turns into exactly the same integers,
 and float (excluded) layers keep their original weights."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from tritonkit.quantize import QuantRecipe, calibrate, prepare, quantize_prepared
-from tritonkit.rounding import QMAX, gptq, round_weights
+from tritonkit.int8.quantize import QuantRecipe, calibrate, prepare, quantize_prepared
+from tritonkit.int8.rounding import QMAX, gptq, round_weights
 
 
 class Net(torch.nn.Module):

@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from tritonkit import evaluate, search
-from tritonkit.quantize import Target, check_qdq
+from tritonkit.int8 import evaluate, search
+from tritonkit.int8.quantize import check_qdq
+from tritonkit.kinds.gates import Target
 
 WIDTH = 64
 
@@ -98,7 +99,7 @@ def test_search_finds_the_sensitive_layer_by_measurement(tiny):
 
 
 def test_recipe_replays_to_a_symmetric_qdq_graph(tiny, tmp_path):
-    from tritonkit.quantize import quantize
+    from tritonkit.int8.quantize import quantize
 
     path, sensitive = tiny
     spec = TinySpec()
@@ -139,7 +140,7 @@ def test_a_spent_budget_stops_the_search_and_says_so(tiny):
 def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
     path, _ = tiny
     calls: list[tuple] = []
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     original = quantize.calibrate
 
@@ -166,7 +167,7 @@ def test_both_placements_share_one_calibration(tiny, monkeypatch):
     """`inputs` and `all` differ only by input isolation: one calibration serves both."""
     path, _ = tiny
     calls: list[Path] = []
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     original = quantize.calibrate
 
@@ -184,7 +185,7 @@ def test_an_isolated_copy_gets_its_sources_range(tmp_path):
     """Calibrating the graph before isolation and copying ranges = calibrating the isolated graph itself."""
     import torch
 
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     class Branch(torch.nn.Module):
         def __init__(self):
@@ -228,7 +229,7 @@ def test_scoring_and_units():
 
 @pytest.mark.parametrize("form,placement", [("uint8", "all"), ("int8", "inputs")])
 def test_requantizing_a_prepared_graph_reuses_its_scales_and_builds_the_same_graph(tiny, tmp_path, form, placement):
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     path, sensitive = tiny
     spec = TinySpec()
@@ -249,7 +250,7 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     import onnxruntime as ort
     import torch
 
-    from tritonkit.quantize import quantize
+    from tritonkit.int8.quantize import quantize
 
     class Attention(torch.nn.Module):
         def __init__(self):
@@ -373,7 +374,7 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     against the same count with one conv left float."""
     import torch
 
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1, stride=2), torch.nn.ReLU(),
@@ -394,7 +395,7 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
 
 
 def test_docs_keep_the_last_documented_search_of_a_replayed_model():
-    from tritonkit.int8 import _search_sections
+    from tritonkit.int8.recipe import _search_sections
 
     page = ("# INT8 results\n\n## m INT8 (served form): PASSED\n\nrecipe\n\n"
             "## Search (10.0 s on the validation split)\n| step |\n\n"
@@ -412,7 +413,7 @@ def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
@@ -444,7 +445,7 @@ def test_graph_outputs_stay_float_under_all_ops_placement(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from tritonkit import quantize
+    from tritonkit.int8 import quantize
 
     class Head(torch.nn.Module):
         def __init__(self):
@@ -495,19 +496,19 @@ def _recipe_file(tmp_path, served: dict, env_features=("avx2", "avx512bw", "avx5
 
 
 def test_a_served_recipe_is_resolved_for_this_cpus_int8_class(tmp_path):
-    from tritonkit import int8
+    from tritonkit.int8 import recipe
 
     legacy = {"recipe": {"form": "uint8", "placement": "inputs"}, "status": "passed"}
     spec = _recipe_file(tmp_path, legacy)  # one entry from before classes: its env's CPU was a VNNI one
-    assert list(int8.committed_recipes(spec)["served"]) == ["vnni"]
-    assert "borrowed_from" not in int8.load_recipes(spec, cpu="vnni")["served"]
-    assert int8.load_recipes(spec, cpu="avx2")["served"]["borrowed_from"] == "vnni"
-    own = {"recipe": None, "status": int8.FALLBACK}
+    assert list(recipe.committed_recipes(spec)["served"]) == ["vnni"]
+    assert "borrowed_from" not in recipe.load_recipes(spec, cpu="vnni")["served"]
+    assert recipe.load_recipes(spec, cpu="avx2")["served"]["borrowed_from"] == "vnni"
+    own = {"recipe": None, "status": recipe.FALLBACK}
     spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": own})
-    assert int8.load_recipes(spec, cpu="avx2")["served"] == own
-    assert not int8.all_classes_fall_back(spec)  # the committed config marks a fallback of every class only
+    assert recipe.load_recipes(spec, cpu="avx2")["served"] == own
+    assert not recipe.all_classes_fall_back(spec)  # the committed config marks a fallback of every class only
     spec = _recipe_file(tmp_path, {"vnni": own, "avx2": own})
-    assert int8.all_classes_fall_back(spec)
+    assert recipe.all_classes_fall_back(spec)
 
 
 @pytest.mark.parametrize("borrowed", [False, True])
@@ -517,34 +518,35 @@ def test_a_recipe_from_another_cpu_class_that_misses_here_serves_fp32_not_a_fail
     recipe (the build fails); on another class it only means none was searched here: FP32, marked as such."""
     import onnxruntime as ort
 
-    from tritonkit import int8
+    from tritonkit.int8 import recipe
 
     path, _ = tiny
     spec = TinySpec()
     spec.EXPORT = type("Export", (), {"name": "tiny"})
-    monkeypatch.setattr(int8, "REPORTS", tmp_path)
+    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
     entry = {"recipe": {"form": "int8", "placement": "inputs"}, "status": "passed"}
     if borrowed:
         entry["borrowed_from"] = "vnni"
     out = tmp_path / "served.onnx"
-    outcome = int8.replay(spec, path, "served", {"served": entry}, out, progress=False)
+    outcome = recipe.replay(spec, path, "served", {"served": entry}, out, progress=False)
     if not borrowed:
         assert outcome.status == "failed" and any("cosine_min" in m for m in outcome.missed)
         return
-    assert outcome.status == int8.FALLBACK
+    assert outcome.status == recipe.FALLBACK
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
-    assert meta[int8.PRECISION_KEY].startswith("fp32-fallback: the served recipe was searched on a vnni CPU")
+    assert meta[recipe.PRECISION_KEY].startswith("fp32-fallback: the served recipe was searched on a vnni CPU")
     assert not any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
 
 
 def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
-    from tritonkit import envinfo, int8
+    from tritonkit import envinfo
+    from tritonkit.int8 import recipe
 
-    begin, end = int8.README_MARKERS
+    begin, end = recipe.README_MARKERS
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{begin}\nCPU INT8 class `zzz`. kept as it was\n\n| t |\n\n"
                       f"CPU INT8 class `{envinfo.int8_class()}`. stale\n{end}\nrest\n")
-    int8.docs(readme=readme, out=tmp_path / "page.md")
+    recipe.docs(readme=readme, out=tmp_path / "page.md")
     text = readme.read_text()
     assert "CPU INT8 class `zzz`. kept as it was\n\n| t |" in text and "stale" not in text
     assert text.count(f"CPU INT8 class `{envinfo.int8_class()}`. Regenerated") == 1

@@ -15,8 +15,8 @@ import tritonclient.http as httpclient
 from tiny_models import B, W
 from tritonclient.utils import InferenceServerException
 
-from tritonkit.perf import metrics_counters
-from tritonkit.server import TritonServer
+from tritonkit.perf.analyzer import metrics_counters
+from tritonkit.runtime.server import TritonServer
 
 
 def _http_infer(url: str, model: str, name: str, x: np.ndarray):

@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 from tiny_sources import break_pooling, classifier_loader, sentence_transformers_dir
 
-from tritonkit import add, generate, kinds, specs
+from tritonkit import add, kinds
+from tritonkit.kinds import spec as specs
 from tritonkit.kinds.architectures import SourceError, inspect_directory
+from tritonkit.repository import generate
 
 TEXT = {"name": "m", "kind": "text-embedding", "source": {"dir": "x"},
         "model": {"max_length": 128, "dim": 32, "pooling": "cls", "normalize": False}}
 
 
 def test_committed_configs_are_what_the_specs_generate():
-    assert generate.stale() == [], "run `python -m tritonkit.generate` and commit the result"
+    assert generate.stale() == [], "run `python -m tritonkit.repository.generate` and commit the result"
 
 
 def test_every_generated_config_says_so():
@@ -128,13 +130,13 @@ def test_image_add_checks_the_loader_and_labels(tmp_path):
 def test_an_fp32_fallback_shows_in_the_int8_models_config(st_dir, tmp_path):
     import json
 
-    from tritonkit import int8
+    from tritonkit.int8 import recipe
 
     path = add.add(add.text_spec("tiny_fb", str(st_dir), 32), directory=tmp_path)
     kind = kinds.from_spec(specs.load(path))
     plain = {e.config.name: e.config for e in generate.repository(kind)}["tiny_fb_encoder"]
     assert "tritonkit_precision" not in plain.parameters
-    int8.recipe_path(kind).write_text(json.dumps({"served": {"status": int8.FALLBACK, "recipe": None}}))
+    recipe.recipe_path(kind).write_text(json.dumps({"served": {"status": recipe.FALLBACK, "recipe": None}}))
     config = {e.config.name: e.config for e in generate.repository(kind)}["tiny_fb_encoder"]
     assert config.parameters["tritonkit_precision"].startswith("fp32-fallback")
     assert "tritonkit_precision" in config.to_pbtxt()

@@ -10,7 +10,7 @@ from text_support import ensure_text_built
 
 from tritonkit import data, kinds
 from tritonkit.export import ExportSample, ExportSpec, ExportValidationError, validate_onnx
-from tritonkit.quantize import check_qdq, quantized_ops
+from tritonkit.int8.quantize import check_qdq, quantized_ops
 
 minilm = kinds.get("text_embedding")
 
@@ -64,9 +64,9 @@ def test_int8_forms_are_what_their_recipes_say(built):
 
     from int8_support import assert_fp32_fallback, fell_back
 
-    from tritonkit import int8, search
+    from tritonkit.int8 import recipe, search
 
-    recipes = int8.load_recipes(minilm)
+    recipes = recipe.load_recipes(minilm)
     served = recipes["served"]["recipe"]
     if fell_back(minilm, "tensorrt"):
         assert_fp32_fallback(built.trt_int8, built.fp32)

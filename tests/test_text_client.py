@@ -12,7 +12,7 @@ from text_support import INT8_PACKING_NOISE, start_text_server
 from tritonkit_client import ServerUnavailable, embed
 
 from tritonkit import data
-from tritonkit.server import free_port
+from tritonkit.runtime.server import free_port
 
 
 @pytest.fixture(scope="module")

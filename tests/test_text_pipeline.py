@@ -17,7 +17,7 @@ from tritonkit_client import AsyncClient, Client, ClientError, embed, embed_asyn
 
 from tritonkit import data
 from tritonkit.export import row_metric
-from tritonkit.perf import metrics_counters
+from tritonkit.perf.analyzer import metrics_counters
 
 pytestmark = pytest.mark.slow  # serves the built MiniLM pipeline
 
@@ -82,7 +82,8 @@ def test_batching_noise_is_bounded(server, model, bound):
 
 
 def test_int8_ensemble_is_the_offline_int8_model_and_meets_the_gate(server):
-    from tritonkit import kinds, runtime_choice
+    from tritonkit import kinds
+    from tritonkit.repository import runtime_choice
 
     minilm = kinds.get("text_embedding")
 

@@ -1,4 +1,4 @@
-"""Config search (tritonkit.tune): knobs on the real configs, profile files written all-or-nothing, a real server
+"""Config search (tritonkit.perf.tune): knobs on the real configs, profile files written all-or-nothing, a real server
 serving a profile, and one real measurement of a tiny ensemble with perf_analyzer."""
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 import tritonclient.http as httpclient
 
-from tritonkit import paths, profiles, repo_variants, tune
-from tritonkit.config import (
+from tritonkit import paths
+from tritonkit.perf import tune
+from tritonkit.perf.analyzer import PerfPoint, write_input_data
+from tritonkit.repository import profiles, variants
+from tritonkit.repository.config import (
     ConfigError,
     EnsembleStep,
     ModelSpec,
@@ -29,7 +32,6 @@ from tritonkit.config import (
     to_pbtxt,
     validate_repository,
 )
-from tritonkit.perf import PerfPoint, write_input_data
 
 # The ensembles `make tune` accepts and the steps it tunes.
 PIPELINES = {"text_embedding": ("tokenizer", "text_encoder"),
@@ -39,14 +41,14 @@ STEPS = [m for steps in PIPELINES.values() for m in steps]
 
 def _real_configs(ensemble: str) -> dict:
     # Working tree, as Tuner reads them.
-    return {m: repo_variants.read_config(m, committed=False) for m in (ensemble, *PIPELINES[ensemble])}
+    return {m: variants.read_config(m, committed=False) for m in (ensemble, *PIPELINES[ensemble])}
 
 
 # -- knobs ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model", STEPS)
 def test_every_knob_value_round_trips_through_the_real_config(model):
-    cfg = repo_variants.read_config(model, committed=False)
+    cfg = variants.read_config(model, committed=False)
     knobs = profiles.knobs_of(cfg)
     assert {"max_batch", "instances"} <= set(knobs)
     before = to_pbtxt(cfg)
@@ -70,7 +72,7 @@ def test_every_knob_value_round_trips_through_the_real_config(model):
 
 
 def test_knobs_follow_what_the_backend_reads():
-    cfgs = {m: repo_variants.read_config(m, committed=False) for m in STEPS}
+    cfgs = {m: variants.read_config(m, committed=False) for m in STEPS}
     assert "threads" in profiles.knobs_of(cfgs["text_encoder"])  # onnxruntime: ORT thread pool
     assert "bucket_padding" in profiles.knobs_of(cfgs["text_encoder"])  # ragged inputs
     assert "bucket_padding" not in profiles.knobs_of(cfgs["image_classifier"])  # fixed-shape input
@@ -247,7 +249,7 @@ def test_interrupted_write_profile_leaves_the_previous_profile_byte_identical(
 def test_server_started_with_a_profile_serves_the_profile_config(start_server, smoke_repository, tmp_path,
                                                                  profiles_dir):
     repo = shutil.copytree(smoke_repository, tmp_path / "repo")
-    base = repo_variants.read_config("smoke_linear", repo, committed=False)
+    base = variants.read_config("smoke_linear", repo, committed=False)
     fast = type(base)()
     fast.CopyFrom(base)
     profiles.set_knob(fast, "max_batch", 7)  # also drops the preferred sizes 8 and 16
@@ -323,7 +325,7 @@ def test_measure_climbs_the_ladder_and_scores_the_best_throughput_within_budget(
 # -- command line -----------------------------------------------------------------------------------------------
 
 def test_tune_help_exits_zero():
-    proc = subprocess.run([sys.executable, "-m", "tritonkit.tune", "--help"], cwd=paths.ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tritonkit.perf.tune", "--help"], cwd=paths.ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--p99-ms" in proc.stdout and "text_embedding" in proc.stdout

@@ -17,8 +17,9 @@ from text_support import BATCHING_NOISE  # how far a text moves with its batch-m
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import build, data, imaging, kinds, paths
+from tritonkit import build, data, kinds, paths
 from tritonkit.export import row_metric
+from tritonkit.serving import imaging
 
 pytestmark = [pytest.mark.slow, pytest.mark.zoo]
 

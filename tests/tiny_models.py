@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tritonkit.config import DynamicBatching, ModelSpec, Tensor
+from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
 
 OPSET = 17
 W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10.0
