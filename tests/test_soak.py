@@ -9,29 +9,24 @@ arena growth reads as a leak (a CI run offered 70 % and queued 4 s in the image 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from text_support import ensure_text_built
 
 from tritonkit import build, paths
-
-sys.path.insert(0, str(paths.ROOT / "perf"))
-
-import bench_soak  # perf/ is not a package: imported from its folder
+from tritonkit.perf import soak
 
 
 @pytest.mark.slow
 def test_soak_60s_mixed_pipelines(start_server):
     ensure_text_built()
     build.build("image", progress=False)
-    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=bench_soak.MODELS)
+    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=soak.MODELS)
     try:
-        result = bench_soak.soak(server, duration_s=60, rate_fraction=0.5, window_s=20, sample_s=5, capacity_s=6,
-                                 progress=lambda m: print(m, flush=True))
+        result = soak.soak(server, duration_s=60, rate_fraction=0.5, window_s=20, sample_s=5, capacity_s=6,
+                           progress=lambda m: print(m, flush=True))
     finally:
         server.stop()
-    print(bench_soak.markdown(result))
+    print(soak.markdown(result))
     total, memory = result["total"], result["memory"]
     assert total["requests"] > 0.8 * 60 * sum(result["offered_rates_per_s"].values())
     assert total["errors"] == 0, total["messages"]
