@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from tritonkit.runtime.server import TritonServer
 
@@ -43,7 +40,7 @@ def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
 
 @pytest.fixture(scope="session")
 def smoke_repository(tmp_path_factory) -> Path:
-    from tiny_models import build_smoke_repository
+    from tests.support.tiny_models import build_smoke_repository
 
     return build_smoke_repository(tmp_path_factory.mktemp("smoke_repo"))
 

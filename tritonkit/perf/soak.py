@@ -17,7 +17,7 @@ Verdict (PASS/FAIL, exit code 1 on FAIL):
     jobs),
   - the floor of PSS of server + stubs (lowest sample per window) grows by at most max(64 MiB, 10 %) from the
     first window after warm-up to the last; the peak is reported beside it.
-Writes perf/results/soak-<time>.json and prints a Markdown table. tests/test_soak.py runs 60 s of it.
+Writes perf/results/soak-<time>.json and prints a Markdown table. tests/scenarios/test_soak.py runs 60 s of it.
 """
 
 from __future__ import annotations
