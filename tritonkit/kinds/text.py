@@ -22,6 +22,7 @@ from tritonkit.export import ExportSample, ExportSpec, row_metric
 from tritonkit.kinds import architectures
 from tritonkit.kinds.base import Kind
 from tritonkit.kinds.gates import Target
+from tritonkit.serving.textproc import pad
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -39,18 +40,6 @@ PACKED_CHECK_TEXTS = 96  # mixed-length validation texts a packed float graph mu
 PACKED_BATCH = 16  # texts per packed run when an INT8 packed graph is proven: a served dynamic batch at c=16
 # Gates (a spec's [gates] may only tighten them): on the held-out corpus, FP32 as the reference.
 DEFAULT_GATES = {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3}
-
-
-def pad(encodings: Sequence, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad a list of tokenizers Encodings to the longest: (ids, mask) int64 [n, longest]."""
-    longest = max(len(e.ids) for e in encodings)
-    ids = np.full((len(encodings), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(encodings), longest), dtype=np.int64)
-    for row, enc in enumerate(encodings):
-        n = len(enc.ids)
-        ids[row, :n] = enc.ids
-        mask[row, :n] = 1
-    return ids, mask
 
 
 def long_text(sentences: Sequence[str], i: int, min_words: int) -> str:

@@ -45,10 +45,11 @@ class Encoded:
         return np.array([[bool(e.overflowing)] for e in self.encodings], dtype=bool)
 
 
-def pad(encodings: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, attention_mask) INT64 [n, longest], right-padded with 0."""
+def pad(encodings: Sequence, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask) INT64 [n, longest] of tokenizers Encodings, right-padded with `pad_id` (the
+    stubs pad with 0: padded slots are masked out of every text; the build pads with the spec's pad id)."""
     longest = max((len(e.ids) for e in encodings), default=0)
-    ids = np.zeros((len(encodings), longest), dtype=np.int64)
+    ids = np.full((len(encodings), longest), pad_id, dtype=np.int64)
     mask = np.zeros((len(encodings), longest), dtype=np.int64)
     for row, enc in enumerate(encodings):
         ids[row, : len(enc.ids)] = enc.ids
