@@ -45,8 +45,8 @@ def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     from tritonkit import envinfo, kinds
-    from tritonkit.int8.quantize import correct_biases
     from tritonkit.int8.search import Recipe, Search
+    from tritonkit.int8.transforms import correct_biases
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     for bits in (10, 12):
         row(f"weights int{bits} (not servable), every weighted op",
             _weight_only(fp32, lambda n, a: True, tmp / f"w_{bits}.onnx", bits))
-    from tritonkit.int8.quantize import preprocess
     from tritonkit.int8.rounding import round_weights
+    from tritonkit.int8.transforms import preprocess
 
     # GPTQ rounding (the search's weight_rounding="gptq") on the graph the quantizer sees (BatchNorm folded).
     rounded = round_weights(preprocess(fp32, tmp / "pre.onnx"), tmp / "w_gptq.onnx", set(spec.WEIGHT_OPS),

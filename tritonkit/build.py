@@ -52,10 +52,11 @@ def _fingerprint(spec, stage: str, extra: str = "") -> str:
     import sys as _sys
 
     from tritonkit import data, export
-    from tritonkit.int8 import quantize, search
+    from tritonkit.int8 import calibration, checks, quantize, search, settings, transforms
 
     h = hashlib.sha256()
-    sources = [_sys.modules[type(spec).__module__], export] + ([quantize, search, recipe] if stage == "int8" else [])
+    int8_code = [settings, transforms, calibration, quantize, checks, search, recipe]
+    sources = [_sys.modules[type(spec).__module__], export] + (int8_code if stage == "int8" else [])
     for module in sources:
         h.update(Path(inspect.getfile(module)).read_bytes())
     for path in [spec.spec.file, data.SENTENCES, *getattr(spec, "DATA_FILES", ())]:

@@ -63,7 +63,7 @@ class ExportValidationError(TritonkitError, RuntimeError):
         )
 
 
-# raised by tritonkit.int8.quantize
+# raised by tritonkit.int8 (quantize and the modules it is split into)
 class QuantizationError(TritonkitError, RuntimeError):
     """The quantized graph breaks a rule (e.g. a non-zero zero point) or the recipe does not fit the graph."""
 

@@ -11,8 +11,11 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from tritonkit.int8.quantize import QuantRecipe, calibrate, prepare, quantize_prepared
+from tritonkit.int8.calibration import calibrate
+from tritonkit.int8.quantize import quantize_prepared
 from tritonkit.int8.rounding import QMAX, gptq, round_weights
+from tritonkit.int8.settings import QuantRecipe
+from tritonkit.int8.transforms import prepare
 
 
 class Net(torch.nn.Module):

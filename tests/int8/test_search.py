@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from tritonkit.int8 import evaluate, search
-from tritonkit.int8.quantize import check_qdq
+from tritonkit.int8.checks import check_qdq
 from tritonkit.kinds.gates import Target
 
 WIDTH = 64
@@ -140,15 +140,15 @@ def test_a_spent_budget_stops_the_search_and_says_so(tiny):
 def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
     path, _ = tiny
     calls: list[tuple] = []
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import calibration
 
-    original = quantize.calibrate
+    original = calibration.calibrate
 
     def counting(prepared, recipe, *args, **kwargs):
         calls.append((recipe.calibrate_method, recipe.smooth_alpha))
         return original(prepared, recipe, *args, **kwargs)
 
-    monkeypatch.setattr(quantize, "calibrate", counting)
+    monkeypatch.setattr(calibration, "calibrate", counting)
     workspace = search.Workspace()
     try:
         first = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
@@ -167,15 +167,15 @@ def test_both_placements_share_one_calibration(tiny, monkeypatch):
     """`inputs` and `all` differ only by input isolation: one calibration serves both."""
     path, _ = tiny
     calls: list[Path] = []
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import calibration
 
-    original = quantize.calibrate
+    original = calibration.calibrate
 
     def counting(prepared, *args, **kwargs):
         calls.append(prepared.base)
         return original(prepared, *args, **kwargs)
 
-    monkeypatch.setattr(quantize, "calibrate", counting)
+    monkeypatch.setattr(calibration, "calibrate", counting)
     s = search.Search(TinySpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
     s.start()
     assert len(s.ws.prepared) == 2 and len(calls) == 1, calls
@@ -185,7 +185,7 @@ def test_an_isolated_copy_gets_its_sources_range(tmp_path):
     """Calibrating the graph before isolation and copying ranges = calibrating the isolated graph itself."""
     import torch
 
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import calibration, transforms
 
     class Branch(torch.nn.Module):
         def __init__(self):
@@ -202,10 +202,10 @@ def test_an_isolated_copy_gets_its_sources_range(tmp_path):
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
     spec = TinySpec()
     recipe = search.Recipe(form="int8", placement="inputs").to_quant(spec.WEIGHT_OPS)
-    prepared = quantize.prepare(path, recipe, spec.calibration_batches, tmp_path, spec.calibration_batch_count())
-    shared = quantize.calibrate(prepared, recipe, spec.calibration_batches, tmp_path, progress=False)
-    direct = quantize.calibrate(quantize.Prepared(prepared.path), recipe, spec.calibration_batches, tmp_path,
-                                progress=False)
+    prepared = transforms.prepare(path, recipe, spec.calibration_batches, tmp_path, spec.calibration_batch_count())
+    shared = calibration.calibrate(prepared, recipe, spec.calibration_batches, tmp_path, progress=False)
+    direct = calibration.calibrate(transforms.Prepared(prepared.path), recipe, spec.calibration_batches, tmp_path,
+                                   progress=False)
     copies = [k for k in direct if k.endswith("_qinput")]
     assert copies, "the branch was not isolated"
     for name in direct:
@@ -229,13 +229,13 @@ def test_scoring_and_units():
 
 @pytest.mark.parametrize("form,placement", [("uint8", "all"), ("int8", "inputs")])
 def test_requantizing_a_prepared_graph_reuses_its_scales_and_builds_the_same_graph(tiny, tmp_path, form, placement):
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import calibration, quantize, transforms
 
     path, sensitive = tiny
     spec = TinySpec()
     recipe = search.Recipe(form=form, placement=placement).to_quant(spec.WEIGHT_OPS)
-    prepared = quantize.prepare(path, recipe, spec.calibration_batches, tmp_path, spec.calibration_batch_count())
-    ranges = quantize.calibrate(prepared, recipe, spec.calibration_batches, tmp_path, progress=False)
+    prepared = transforms.prepare(path, recipe, spec.calibration_batches, tmp_path, spec.calibration_batch_count())
+    ranges = calibration.calibrate(prepared, recipe, spec.calibration_batches, tmp_path, progress=False)
     for excluded in ([], [sensitive], []):
         cached = quantize.quantize_prepared(prepared, ranges, recipe, excluded)
         fresh = quantize.quantize_prepared(replace(prepared), ranges, recipe, excluded)  # an empty cache
@@ -374,7 +374,7 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     against the same count with one conv left float."""
     import torch
 
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import checks, quantize
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1, stride=2), torch.nn.ReLU(),
@@ -384,13 +384,13 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     torch.onnx.export(net.eval(), (torch.zeros(1, 3, 16, 16),), str(path), input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
     expected = [16 * 3 * 9 * 8 * 8, 16 * 1 * 9 * 8 * 8, 8 * 16 * 8 * 8, 10 * 512]  # out × in/groups × k² × pixels
-    macs = quantize.weight_macs(onnx.shape_inference.infer_shapes(onnx.load(str(path))), ("Conv", "Gemm"))
+    macs = checks.weight_macs(onnx.shape_inference.infer_shapes(onnx.load(str(path))), ("Conv", "Gemm"))
     assert list(macs.values()) == expected
     first = next(iter(macs))
     x = np.random.default_rng(0).uniform(-1, 1, (16, 3, 16, 16)).astype(np.float32)
     recipe = search.Recipe(form="int8", placement="inputs", float_nodes=[first]).to_quant(("Conv", "Gemm"))
     out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
-    share = quantize.artefact_int8_share(out, ("Conv", "Gemm"))
+    share = checks.artefact_int8_share(out, ("Conv", "Gemm"))
     assert share == pytest.approx(1 - expected[0] / sum(expected))
 
 

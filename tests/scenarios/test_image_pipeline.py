@@ -103,7 +103,7 @@ def test_served_int8_is_the_searched_form_and_engines_get_the_tensorrt_form(imag
 
     from tests.support.int8_support import assert_fp32_fallback, fell_back
     from tritonkit.int8 import recipe
-    from tritonkit.int8.quantize import check_qdq
+    from tritonkit.int8.checks import check_qdq
     from tritonkit.tensorrt import engines
 
     recipes = recipe.load_recipes(spec)

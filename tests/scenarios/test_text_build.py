@@ -10,7 +10,7 @@ import pytest
 from tests.support.text_support import ensure_text_built
 from tritonkit import data, kinds
 from tritonkit.export import ExportSample, ExportSpec, ExportValidationError, validate_onnx
-from tritonkit.int8.quantize import check_qdq, quantized_ops
+from tritonkit.int8.checks import check_qdq, quantized_ops
 
 minilm = kinds.get("text_embedding")
 

@@ -218,7 +218,8 @@ def form_floor(spec, fp32: Path, form: str) -> dict:
 
 def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
-    from tritonkit.int8.quantize import artefact_int8_share, quantize, quantized_ops
+    from tritonkit.int8.checks import artefact_int8_share, quantized_ops
+    from tritonkit.int8.quantize import quantize
 
     entry = data[form]
     report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -32,8 +32,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from tritonkit.errors import SearchError
+from tritonkit.int8.checks import int8_share
 from tritonkit.int8.evaluate import run_batches, session
-from tritonkit.int8.quantize import QuantRecipe, int8_share
+from tritonkit.int8.settings import QuantRecipe
 from tritonkit.kinds.gates import Target, missed
 
 PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
@@ -348,7 +349,7 @@ class Search:
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def _prepare(self, r: Recipe):
-        from tritonkit.int8.quantize import prepare
+        from tritonkit.int8.transforms import prepare
 
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key not in self.ws.prepared:
@@ -359,7 +360,7 @@ class Search:
         return self.ws.prepared[key]
 
     def _calibrate(self, r: Recipe):
-        from tritonkit.int8.quantize import calibrate, with_isolated_copies
+        from tritonkit.int8.calibration import calibrate, with_isolated_copies
 
         prepared = self._prepare(r)
         # Keyed by the calibrated graph's content: placements whose graphs differ only by input isolation share it.
@@ -406,7 +407,7 @@ class Search:
     def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
                 evaluator: Evaluator | None = None) -> Step | None:
         """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph."""
-        from tritonkit.int8.quantize import QuantizationError
+        from tritonkit.errors import QuantizationError
 
         t0 = time.perf_counter()
         try:
@@ -484,7 +485,7 @@ class Search:
     def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
         from tqdm import tqdm
 
-        from tritonkit.int8.quantize import QuantizationError
+        from tritonkit.errors import QuantizationError
 
         nodes = quantizable_nodes(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS)
         if not nodes:

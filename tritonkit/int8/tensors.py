@@ -1,5 +1,5 @@
-"""Primitives the graph transforms of tritonkit.int8.quantize and the GPTQ rounding of tritonkit.int8.rounding share:
-reading a graph's intermediate tensors on calibration batches, and the symmetric int8 round trip of a weight."""
+"""Primitives the graph transforms of tritonkit.int8.transforms and the GPTQ rounding of tritonkit.int8.rounding
+share: reading a graph's intermediate tensors on calibration batches, and the symmetric int8 round trip of a weight."""
 
 from __future__ import annotations
 
