@@ -37,11 +37,11 @@ add-model: ## write a spec: KIND=text-embedding NAME=x SOURCE=dir (see python -m
 	@$(PY) -m tritonkit.add $(KIND) --name $(NAME) --source $(SOURCE)
 
 build-engines: build ## `build`, then TensorRT INT8/FP16 plans + their configs where TensorRT and a GPU exist
-	@$(PY) -m tritonkit.engines
+	@$(PY) -m tritonkit.tensorrt.engines
 
 serve-docker: ## serve the generated NGC view (build/ngc_repository) in the NGC tritonserver container (Docker + NVIDIA runtime)
 	@docker info >/dev/null 2>&1 || { echo "error: no Docker engine reachable; use \`make serve\` (embedded server)" >&2; exit 2; }
-	@$(PY) -m tritonkit.repo_variants ngc
+	@$(PY) -m tritonkit.repository.variants ngc
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) docker compose -f docker/compose.yaml up --build
 
 perf: ## perf lab: sweeps + baselines → perf/results/<stamp>/ (CSV, JSON, MD, PNG); MODEL=name (default both first), QUICK=1
@@ -52,7 +52,7 @@ perf-peers: ## perf lab with peer servers (Infinity) + sentence-transformers ONN
 
 tune: ## config search under a p99 budget: MODEL=text_embedding P99_MS=50 [PROFILE=tuned MINUTES=15]
 	@test -n "$(MODEL)" -a -n "$(P99_MS)" || { echo "usage: make tune MODEL=<ensemble> P99_MS=<ms> [PROFILE=name]" >&2; exit 2; }
-	@$(PY) -m tritonkit.tune $(MODEL) --p99-ms $(P99_MS) --profile $(or $(PROFILE),tuned) --minutes $(or $(MINUTES),15)
+	@$(PY) -m tritonkit.perf.tune $(MODEL) --p99-ms $(P99_MS) --profile $(or $(PROFILE),tuned) --minutes $(or $(MINUTES),15)
 
 gateway: ## OpenAI-compatible POST /v1/embeddings on 127.0.0.1:8080 in front of a running server's gRPC port
 	@$(PY) -m tritonkit_client.gateway --port 8080 --triton 127.0.0.1:$(GRPC_PORT)
@@ -61,9 +61,9 @@ manifests: ## re-render deploy/ (kustomize bases, monitoring, Helm values, Grafa
 	@$(PY) -m tritonkit.deploy
 
 check-configs: ## generated configs match their specs; every config.pbtxt valid against Triton's schema, ensembles too
-	@$(PY) -m tritonkit.generate --check && $(PY) -m tritonkit.config
+	@$(PY) -m tritonkit.repository.generate --check && $(PY) -m tritonkit.repository.config
 check-native: ## generate the NGC views (build/ngc_repository, build/ngc_cpu_repository) + check Triton's native load rules
-	@rc=0; for c in "native_check model_repository --view embedded --skip-unbuilt" "repo_variants ngc" "repo_variants ngc --cpu"; do $(PY) -m tritonkit.$$c || rc=1; done; exit $$rc
+	@rc=0; for c in "native_check model_repository --view embedded --skip-unbuilt" "variants ngc" "variants ngc --cpu"; do $(PY) -m tritonkit.repository.$$c || rc=1; done; exit $$rc
 build-engines-docker: ## TensorRT plans built inside the NGC image that serves them (TRITONKIT_NGC_RELEASE; needs Docker + GPU)
 	@scripts/build-engines-docker
 

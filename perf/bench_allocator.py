@@ -7,7 +7,7 @@ machine's speed drifts; interleaving spreads it over all modes):
   - glibc: no preload anywhere;
   - jemalloc-server: the default (TritonServer.allocator="jemalloc": server only, stubs behind the wrapper);
   - jemalloc-everywhere: jemalloc in LD_PRELOAD of the launcher, which the stubs then inherit too.
-Per start, each pipeline's capacity is measured twice (closed loop, 16 callers, gRPC, real inputs; tritonkit.load).
+Per start, each pipeline's capacity is measured twice (closed loop, 16 callers, gRPC, real inputs; tritonkit.perf.load).
 Reports the median per mode and pipeline and the ratio to glibc. Writes perf/results/allocator-<time>.json.
 """
 
@@ -22,8 +22,8 @@ from statistics import median
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import load
-from tritonkit.perf import save_results
+from tritonkit.perf import load
+from tritonkit.perf.analyzer import save_results
 
 MODES = {"glibc": ("glibc", False), "jemalloc-server": ("jemalloc", False), "jemalloc-everywhere": ("glibc", True)}
 PIPELINES = ("text", "image")
@@ -34,7 +34,7 @@ def measure(mode: str, seconds: float) -> dict[str, list[float]]:
     allocator, everywhere = MODES[mode]
     env = dict(os.environ)
     if everywhere:
-        from tritonkit.server import find_allocator
+        from tritonkit.runtime.server import find_allocator
 
         env["LD_PRELOAD"] = find_allocator("jemalloc") or ""
     cmd = [sys.executable, __file__, "--child", allocator, "--seconds", str(seconds)]
@@ -44,7 +44,7 @@ def measure(mode: str, seconds: float) -> dict[str, list[float]]:
 
 def child(allocator: str, seconds: float) -> None:
     from tritonkit import data
-    from tritonkit.server import TritonServer
+    from tritonkit.runtime.server import TritonServer
 
     workloads = {"text": load.text_workload(data.split("benchmark")), "image": load.image_workload(load.real_images())}
     with TritonServer.on_free_ports(models=["text_embedding", "image_classification"], allocator=allocator) as srv:

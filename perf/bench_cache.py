@@ -4,7 +4,7 @@
                                [--variants off,ensemble] [--cache-bytes 67108864]
 
 Every server runs with `--cache-config local,size=<bytes>`; the variants differ only in their model configs
-(temporary copies made by `tritonkit.repo_variants`, `model_repository/` is not touched): `off` = as committed,
+(temporary copies made by `tritonkit.repository.variants`, `model_repository/` is not touched): `off` = as committed,
 `ensemble` = `response_cache { enable: true }` on text_embedding, `encoder` (optional) = the same on
 text_encoder only. Traffic is perf_analyzer over gRPC at the given concurrency with a fixed request stream of real
 texts (the `benchmark` split): `--unique` texts, plus repeats of texts sent at least `--min-gap` requests earlier,
@@ -32,9 +32,9 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data
-from tritonkit import repo_variants as rv
-from tritonkit.perf import PerfPoint, run_perf_analyzer, save_results, text_rows, write_input_data
-from tritonkit.server import TritonServer
+from tritonkit.perf.analyzer import PerfPoint, run_perf_analyzer, save_results, text_rows, write_input_data
+from tritonkit.repository import variants as rv
+from tritonkit.runtime.server import TritonServer
 
 MODEL = "text_embedding"
 VARIANTS = {

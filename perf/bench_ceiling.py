@@ -2,12 +2,12 @@
 
     python perf/bench_ceiling.py [--model text_embedding] [--seconds 4] [--repeats 3]
 
-The perf lab's ceiling (tritonkit.baselines.onnx_text) sorts the whole benchmark set by token count before
+The perf lab's ceiling (tritonkit.perf.baselines.onnx_text) sorts the whole benchmark set by token count before
 batching, so padding is nearly zero. An online server sees texts in arrival order and only the requests in flight
 (16 at c=16), so this times our own INT8 ONNX in ONNX Runtime, in-process (tokenize + pad + run per batch), on
 the same texts both ways: sorted across the set, and in one fixed random order; at the batch sizes and thread
 counts a served encoder instance runs with; and, in arrival order, packed end to end without padding through the
-built packed graph (tritonkit.packing), as the served encoder runs: in balanced rows ("packed") and in rows
+built packed graph (tritonkit.serving.packing), as the served encoder runs: in balanced rows ("packed") and in rows
 filled to 128 tokens ("packed, full rows", before balancing). Configurations are interleaved, the median of the
 repeats printed.
 """
@@ -22,7 +22,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import baselines, data, kinds, packing
+from tritonkit import data, kinds
+from tritonkit.perf import baselines
+from tritonkit.serving import packing
 
 FULL_ROWS = "packed, full rows"
 # (intra-op threads, batch, order): the lab's ceiling first, then what a served instance can see.

@@ -14,7 +14,7 @@ text, as text_encoder ran before `ragged_max_padding`), to tell the gain of fusi
 Around every run the statistics API and the ORT padding counters are read (queue/compute ms and batch per model,
 padding waste). Prints the table and the overheads 1 − ensemble/direct and 1 − fused/direct; writes
 perf/results/ensemble-<time>.json. `--repository` benchmarks another repository (e.g. a config variant from
-tritonkit.repo_variants) holding the same models.
+tritonkit.repository.variants) holding the same models.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, paths
-from tritonkit import repo_variants as rv
-from tritonkit.config import to_pbtxt
-from tritonkit.lab import _text_rows, _token_rows
-from tritonkit.perf import (
+from tritonkit.perf.analyzer import (
     PerfPoint,
     median_point,
     metrics_counters,
@@ -43,7 +40,10 @@ from tritonkit.perf import (
     stats_split,
     write_input_data,
 )
-from tritonkit.server import TritonServer
+from tritonkit.perf.lab import _text_rows, _token_rows
+from tritonkit.repository import variants as rv
+from tritonkit.repository.config import to_pbtxt
+from tritonkit.runtime.server import TritonServer
 
 RESULTS = paths.ROOT / "perf" / "results"
 TARGET = 0.10  # at most 10 % throughput lost to the ensemble at concurrency 16

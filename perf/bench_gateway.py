@@ -21,8 +21,8 @@ import urllib.request
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data
-from tritonkit.perf import PerfPoint, median_point, print_table, save_results, time_in_process
-from tritonkit.server import TritonServer, free_port
+from tritonkit.perf.analyzer import PerfPoint, median_point, print_table, save_results, time_in_process
+from tritonkit.runtime.server import TritonServer, free_port
 
 
 def start_gateway(grpc_url: str) -> tuple[subprocess.Popen, int]:

@@ -1,9 +1,9 @@
-"""Both pipelines of the GPU view (tritonkit.gpu_repository) on the embedded tritonserver: perf_analyzer at each
+"""Both pipelines of the GPU view (tritonkit.runtime.gpu_repository) on the embedded tritonserver: perf_analyzer at each
 concurrency, queue vs compute per step (Triton's statistics API), GPU utilisation (nvidia-smi sampled every
 100 ms during each run), and a correctness check of the served outputs against the same weights in FP32 on the
 CPU.
 
-    python -m tritonkit.gpu_repository build --out .build/gpu_repository
+    python -m tritonkit.runtime.gpu_repository build --out .build/gpu_repository
     python perf/bench_gpu.py --repository .build/gpu_repository --variants fp16 fp32 fp16:cpu8
 
 A variant is `<precision>[:cpu<N>]`: the torch_cuda models at that precision, and optionally N instances of the
@@ -29,10 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonkit import gpu_repository, paths
-from tritonkit.config import load_config, to_pbtxt
-from tritonkit.perf import PerfError, sweep, write_input_data
-from tritonkit.server import TritonServer
+from tritonkit import paths
+from tritonkit.perf.analyzer import PerfError, sweep, write_input_data
+from tritonkit.repository.config import load_config, to_pbtxt
+from tritonkit.runtime import gpu_repository
+from tritonkit.runtime.server import TritonServer
 
 PIPELINES = {
     "text_embedding": ("tokenizer", "text_encoder_cuda"),
@@ -106,7 +107,7 @@ def input_files(out: Path, reuse: Path | None) -> dict[str, Path]:
         if reuse and (reuse / path.name).exists():
             shutil.copy2(reuse / path.name, path)
             continue
-        from tritonkit import lab
+        from tritonkit.perf import lab
 
         write_input_data(path, lab._text_rows() if name == "text_embedding" else lab._image_rows())
     return files
@@ -123,8 +124,8 @@ def check_outputs(server: TritonServer, repository: Path, files: dict[str, Path]
     from tritonkit_client import image, text
     from tritonkit_client.core import Client
 
-    from tritonkit import imaging, torch_serving
-    from tritonkit.textproc import TextTokenizer
+    from tritonkit.serving import imaging, torch_serving
+    from tritonkit.serving.textproc import TextTokenizer
 
     texts = [r["text"]["content"][0] for r in json.loads(files["text_embedding"].read_text())["data"][:64]]
     jpegs = _jpegs(files["image_classification"], 22)
@@ -196,7 +197,7 @@ def time_modules(repository: Path, batches: list[int], iters: int = 20) -> list[
     the forward alone. Wall far above GPU time means the pass is bound by the host (launches, copies)."""
     import torch
 
-    from tritonkit import torch_serving
+    from tritonkit.serving import torch_serving
 
     torch.set_num_threads(1)
     rows = []

@@ -16,8 +16,10 @@ import json
 import os
 import struct
 
-from tritonkit import imaging, kinds, paths, perf
-from tritonkit.backend_utils import usable_cpus
+from tritonkit import kinds, paths
+from tritonkit.perf import analyzer
+from tritonkit.serving import imaging
+from tritonkit.serving.backend_utils import usable_cpus
 
 spec = kinds.get("image_classification")
 
@@ -34,7 +36,7 @@ def image_rows(images: list[bytes]) -> list[dict]:
             for b in images]
 
 
-def naive_baseline(images: list[bytes], duration_s: float) -> perf.PerfPoint:
+def naive_baseline(images: list[bytes], duration_s: float) -> analyzer.PerfPoint:
     """What a first attempt would serve: PIL full decode + resize + crop per image, torch FP32 at batch 32."""
     import numpy as np
     import torch
@@ -48,9 +50,9 @@ def naive_baseline(images: list[bytes], duration_s: float) -> perf.PerfPoint:
         with torch.no_grad():
             return model(x)[1].topk(5)
 
-    return perf.time_in_process(run, batches, concurrency=1, duration_s=duration_s, warmup=1,
-                                label=f"naive baseline: PIL + torch FP32, batch {BASELINE_BATCH}",
-                                items_per_call=BASELINE_BATCH)
+    return analyzer.time_in_process(run, batches, concurrency=1, duration_s=duration_s, warmup=1,
+                                    label=f"naive baseline: PIL + torch FP32, batch {BASELINE_BATCH}",
+                                    items_per_call=BASELINE_BATCH)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,24 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from tritonkit import build
-    from tritonkit.server import TritonServer
+    from tritonkit.runtime.server import TritonServer
 
     build.build("image", progress=False)  # no-op when the artefacts are current
     images = [imaging.encode(p.rgb, "JPEG", 90) for p in spec.photos()]
-    input_data = perf.write_input_data(paths.ROOT / "perf" / "results" / "image_input.json", image_rows(images))
+    input_data = analyzer.write_input_data(paths.ROOT / "perf" / "results" / "image_input.json", image_rows(images))
     ensembles = dict(list(ENSEMBLES.items())[:1]) if args.int8_only else ENSEMBLES
 
-    points: list[perf.PerfPoint] = []
+    points: list[analyzer.PerfPoint] = []
     with TritonServer.on_free_ports(model_control_mode="explicit", models=list(ensembles.values())) as server:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         for label, model in ensembles.items():
-            points += perf.sweep(model, url, args.concurrency, input_data, repeats=args.repeats, label=label,
-                                 protocol=args.protocol, measurement_ms=args.measurement_ms)
+            points += analyzer.sweep(model, url, args.concurrency, input_data, repeats=args.repeats, label=label,
+                                     protocol=args.protocol, measurement_ms=args.measurement_ms)
     baseline = naive_baseline(images, duration_s=args.measurement_ms / 1e3 * 2)
     best_int8 = max((p for p in points if p.label.startswith("INT8")), key=lambda p: p.throughput)
     ratio = best_int8.throughput / baseline.throughput
-    perf.print_table([*points, baseline], f"image_classification, {os.cpu_count()} cores, {len(images)} real "
-                     f"JPEG photos, one image per request ({args.protocol})")
+    analyzer.print_table([*points, baseline], f"image_classification, {os.cpu_count()} cores, {len(images)} real "
+                         f"JPEG photos, one image per request ({args.protocol})")
     print(f"served INT8 best {best_int8.throughput:.1f} img/s (c={best_int8.concurrency}) = {ratio:.2f}x the naive "
           f"baseline {baseline.throughput:.1f} img/s; target >= 6x: {'met' if ratio >= 6 else 'NOT met'}")
     out = paths.ROOT / "perf" / "results" / "image.json"

@@ -20,8 +20,9 @@ import time
 
 import numpy as np
 
-from tritonkit import data, envinfo, kinds, paths, runtime_choice
-from tritonkit.backend_utils import usable_cpus
+from tritonkit import data, envinfo, kinds, paths
+from tritonkit.repository import runtime_choice
+from tritonkit.serving.backend_utils import usable_cpus
 
 
 def main() -> None:

@@ -6,15 +6,16 @@
 For each pipeline (text_embedding: one real text per request; image_classification: one real JPEG photo per
 request) it starts tritonserver on free loopback ports with that ensemble, measures the sustainable capacity
 with a closed loop (16 callers, ok answers per second), then offers `--factor` x that rate open-loop (Poisson
-arrivals, gRPC, tritonkit.load) for `--seconds` and reports: offered rate, accepted throughput, rejected
+arrivals, gRPC, tritonkit.perf.load) for `--seconds` and reports: offered rate, accepted throughput, rejected
 count/fraction with how fast rejections come back (p50/p99), p99 of accepted requests, other errors, and the
 RSS/PSS of server + Python-backend stubs before, at peak, when the backlog has drained and after `--settle-s` of
 light traffic (what the server keeps; `--allocator glibc` shows what jemalloc saves). The server runs the
-`overload` profile (configs/overload.pbtxt: the default configs plus shedding queue policies, tritonkit.repo_variants);
+`overload` profile (configs/overload.pbtxt: the default configs plus shedding queue policies,
+tritonkit.repository.variants);
 `--compare-unbounded` repeats the run with the default configs (no policies), to show what they prevent.
 Prints a Markdown table and writes perf/results/overload-<time>.json.
 
-The profile's policies (`default_queue_policy`, values in tritonkit.repo_variants.OVERLOAD_POLICIES):
+The profile's policies (`default_queue_policy`, values in tritonkit.repository.variants.OVERLOAD_POLICIES):
   - default_timeout_microseconds (REJECT) is what sheds: a request still queued after it is answered
     UNAVAILABLE "Request timeout expired". That bounds accepted latency at about timeout + one batch per step.
   - max_queue_size is a memory backstop, sized well above what the timeout lets pile up at 4x, so it rarely
@@ -33,10 +34,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import data, load
-from tritonkit.perf import save_results
-from tritonkit.repo_variants import OVERLOAD_PROFILE
-from tritonkit.server import TritonServer
+from tritonkit import data
+from tritonkit.perf import load
+from tritonkit.perf.analyzer import save_results
+from tritonkit.repository.variants import OVERLOAD_PROFILE
+from tritonkit.runtime.server import TritonServer
 
 PIPELINES = {
     "text": ("text_embedding", ("tokenizer", "text_encoder")),

@@ -1,4 +1,4 @@
-"""Image preprocessing throughput per core: tritonkit.imaging (served path) vs plain PIL, same photos, same run.
+"""Image preprocessing throughput per core: tritonkit.serving.imaging (served path) vs plain PIL, same photos, same run.
 
     python perf/bench_preprocess.py [--repeats 7] [--format JPEG]
 
@@ -17,7 +17,8 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tritonkit import imaging, kinds, paths
+from tritonkit import kinds, paths
+from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
 
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = imaging.PreprocessConfig()
     paths_ = {
         "plain PIL (decode, resize shorter side, crop, normalise)": lambda b: imaging.plain_preprocess(b, cfg),
-        "tritonkit.imaging (draft DCT downscale + crop-box resample + LUT)": lambda b: imaging.preprocess([b], cfg),
+        "tritonkit.serving.imaging (draft DCT downscale + crop-box resample + LUT)":
+            lambda b: imaging.preprocess([b], cfg),
     }
     times: dict[str, list[float]] = {k: [] for k in paths_}
     for fn in paths_.values():  # warm-up

@@ -3,7 +3,7 @@
     python perf/bench_priority.py [--repeats 3] [--seconds 15] [--bulk-concurrency 16] [--bulk-texts 16]
                                   [--interactive-rate 5]
 
-Starts two servers on free loopback ports over temporary copies of the text pipeline (`tritonkit.repo_variants`;
+Starts two servers on free loopback ports over temporary copies of the text pipeline (`tritonkit.repository.variants`;
 `model_repository/` is not touched): A with the configs as committed, B with `priority_levels: 2
 default_priority_level: 2` in the dynamic_batching of the composing models (tokenizer, text_encoder). Against
 each, a Python load generator (tritonclient.grpc) runs two traffic classes at once:
@@ -35,9 +35,9 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data
-from tritonkit import repo_variants as rv
-from tritonkit.perf import save_results
-from tritonkit.server import TritonServer
+from tritonkit.perf.analyzer import save_results
+from tritonkit.repository import variants as rv
+from tritonkit.runtime.server import TritonServer
 
 MODEL = "text_embedding"
 # (label, server variant, interactive path, bulk load on?)

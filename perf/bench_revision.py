@@ -5,7 +5,7 @@
 REV is checked out as a git worktree under .build/revisions/<sha> (kept for the next run). Its model repository
 gets this checkout's built files wherever it has none (linked: same model, same version), so the two sides differ
 only in what serves them: that revision's configs, Python models, backend and server code. Each side runs its
-own `python -m tritonkit.server serve`, with its own code first on PYTHONPATH, on free ports; both stay up, and
+own `python -m tritonkit.runtime.server serve`, with its own code first on PYTHONPATH, on free ports; both stay up, and
 perf_analyzer (gRPC, c=16, the perf lab's real inputs) measures each model on one side then the other, round
 after round. The median of the rounds is printed.
 """
@@ -23,10 +23,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import lab, paths, peers
-from tritonkit.config import parse_config
-from tritonkit.perf import run_perf_analyzer, write_input_data
-from tritonkit.server import free_port
+from tritonkit import paths
+from tritonkit.perf import lab, peers
+from tritonkit.perf.analyzer import run_perf_analyzer, write_input_data
+from tritonkit.repository.config import parse_config
+from tritonkit.runtime.server import free_port
 
 
 def worktree(rev: str) -> Path:
@@ -57,7 +58,7 @@ def link_missing(src: Path, dst: Path) -> None:
 @contextmanager
 def serve(root: Path, models: list[str], log: Path):
     env = {**os.environ, "PYTHONPATH": str(root)}
-    run = [sys.executable, "-m", "tritonkit.server"]
+    run = [sys.executable, "-m", "tritonkit.runtime.server"]
     subprocess.run([*run, "prepare-backends"], cwd=root, env=env, check=True, capture_output=True)
     http, grpc, metrics = free_port(), free_port(), free_port()
     with log.open("w") as out:

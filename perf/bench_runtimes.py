@@ -3,9 +3,9 @@
     python perf/bench_runtimes.py [--model text_embedding] [--batches 1 2 4 8] [--calls 300]
 
 The INT8 encoder's packed file (what backends/* run), one thread, as onnxruntime, openvino (f32) and
-openvino-bf16 (tritonkit.runtime_choice.VARIANTS). For each batch size, `calls` packed batches of random benchmark
-texts are run twice: "varied" (every call a new text mix, so a new input shape, as in a server) and "same" (the
-first batch repeated, one shape), and "bucketed" (the varied batches packed as the openvino backend packs them:
+openvino-bf16 (tritonkit.repository.runtime_choice.VARIANTS). For each batch size, `calls` packed batches of random
+benchmark texts are run twice: "varied" (every call a new text mix, so a new input shape, as in a server) and "same"
+(the first batch repeated, one shape), and "bucketed" (the varied batches packed as the openvino backend packs them:
 row width a multiple of 16, power-of-two text counts). CPU ms per call from process_time. OpenVINO prepares its
 kernels per input shape, so the gap between the first two columns is what a server pays that a fixed-batch
 benchmark never sees, and the third what the buckets win back.
@@ -18,7 +18,8 @@ import time
 
 import numpy as np
 
-from tritonkit import data, envinfo, kinds, paths, runtime_choice
+from tritonkit import data, envinfo, kinds, paths
+from tritonkit.repository import runtime_choice
 from tritonkit.serving import runtimes
 
 

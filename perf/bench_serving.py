@@ -6,15 +6,15 @@
 Each variant is a scratch model repository holding the spec's ensemble, its preprocessor and its INT8 model
 (version directories linked, configs copied and edited through Triton's own schema), served by a fresh
 tritonserver and driven closed-loop by 16 callers: texts by the perf lab's HTTP load generator
-(tritonkit.peers.http_point, one real benchmark text per request), images by tritonkit.load's gRPC generator (one
-of the lab's JPEG photos per request). While it runs, the CPU time of every process (tritonserver, each Python
-stub, the load generator) is read from /proc (tritonkit.load, as the soak does). For text, the server's CPU per
+(tritonkit.perf.peers.http_point, one real benchmark text per request), images by tritonkit.perf.load's gRPC generator
+(one of the lab's JPEG photos per request). While it runs, the CPU time of every process (tritonserver, each Python
+stub, the load generator) is read from /proc (tritonkit.perf.load, as the soak does). For text, the server's CPU per
 text (every tritonserver process) is set against the same INT8 file run in this process on the runtime and
 parameters of the encoder's config, tokenize + pack + run, at the batch sizes the server ran (Triton's batch
 statistics) in the same proportions. Variants are interleaved; the median of the repeats is printed.
 
 Text variants (the encoder's config):
-  generated    the configs as `python -m tritonkit.generate` writes them
+  generated    the configs as `python -m tritonkit.repository.generate` writes them
   buckets      the encoder without its packed graph: padded length buckets (ragged_max_padding)
   delay_500, delay_2000  the encoder's dynamic batcher waiting up to 500 / 2000 us for more requests
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
@@ -40,11 +40,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tritonkit import data, kinds, lab, load, paths, peers
-from tritonkit import repo_variants as rv
+from tritonkit import data, kinds, paths
 from tritonkit.kinds.text import OUTPUT
-from tritonkit.perf import cpu_ms_per_item
-from tritonkit.server import TritonServer
+from tritonkit.perf import lab, load, peers
+from tritonkit.perf.analyzer import cpu_ms_per_item
+from tritonkit.repository import variants as rv
+from tritonkit.runtime.server import TritonServer
 from tritonkit.serving.runtimes import THREAD_PARAMETER
 
 
@@ -138,7 +139,7 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
 
     import numpy as np
 
-    from tritonkit import runtime_choice
+    from tritonkit.repository import runtime_choice
     from tritonkit.serving import runtimes
 
     params = {k: v.string_value for k, v in cfg.parameters.items()}

@@ -19,7 +19,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data, paths
-from tritonkit.perf import (
+from tritonkit.perf.analyzer import (
     PerfPoint,
     metrics_counters,
     print_table,
@@ -29,7 +29,7 @@ from tritonkit.perf import (
     time_in_process,
     write_input_data,
 )
-from tritonkit.server import TritonServer
+from tritonkit.runtime.server import TritonServer
 
 RESULTS = paths.ROOT / "perf" / "results"
 

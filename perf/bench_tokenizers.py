@@ -23,9 +23,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 
-from tritonkit import data, kinds, paths, runtime_choice
+from tritonkit import data, kinds, paths
 from tritonkit.kinds.text import OUTPUT
-from tritonkit.perf import cpu_ms_per_item
+from tritonkit.perf.analyzer import cpu_ms_per_item
+from tritonkit.repository import runtime_choice
 
 
 def main() -> None:

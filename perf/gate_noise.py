@@ -2,9 +2,9 @@
 
     .venv/bin/python perf/gate_noise.py --runs 5 --pipelines text image   # with no other heavy job running
 
-Each run is `tritonkit.lab.gate_ratios` (a fresh server, interleaved served and baseline rounds), except that the
+Each run is `tritonkit.perf.lab.gate_ratios` (a fresh server, interleaved served and baseline rounds), except that the
 build step is skipped: this measures the noise of the measurement, not of a rebuild. Prints every ratio and the
-relative spread (max - min) / median per pipeline; `tritonkit.lab.GATE` sits that far under the median.
+relative spread (max - min) / median per pipeline; `tritonkit.perf.lab.GATE` sits that far under the median.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tritonkit import lab
+from tritonkit.perf import lab
 
 
 def main(argv: list[str] | None = None) -> int:

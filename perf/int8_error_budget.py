@@ -24,7 +24,7 @@ def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
     import onnx
     from onnx import helper, numpy_helper
 
-    from tritonkit.tensors import fake_quant_weight
+    from tritonkit.int8.tensors import fake_quant_weight
 
     model = onnx.load(str(fp32))
     inits = {i.name: i for i in model.graph.initializer}
@@ -45,8 +45,8 @@ def _weight_only(fp32: Path, which, out: Path, bits: int = 8) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     from tritonkit import envinfo, kinds
-    from tritonkit.quantize import correct_biases
-    from tritonkit.search import Recipe, Search
+    from tritonkit.int8.search import Recipe, Search
+    from tritonkit.int8.transforms import correct_biases
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     for bits in (10, 12):
         row(f"weights int{bits} (not servable), every weighted op",
             _weight_only(fp32, lambda n, a: True, tmp / f"w_{bits}.onnx", bits))
-    from tritonkit.quantize import preprocess
-    from tritonkit.rounding import round_weights
+    from tritonkit.int8.rounding import round_weights
+    from tritonkit.int8.transforms import preprocess
 
     # GPTQ rounding (the search's weight_rounding="gptq") on the graph the quantizer sees (BatchNorm folded).
     rounded = round_weights(preprocess(fp32, tmp / "pre.onnx"), tmp / "w_gptq.onnx", set(spec.WEIGHT_OPS),

@@ -1,6 +1,6 @@
 """Does a conv the search keeps in float stay float once onnxruntime loads the graph? Every depthwise conv of a
 model is kept float in the served form's all-ops uint8 placement; the validation gates are measured with the guard
-(`tritonkit.quantize.keep_float`) and with its Shape nodes stripped, next to nothing in float.
+(`tritonkit.int8.quantize.keep_float`) and with its Shape nodes stripped, next to nothing in float.
 
     python perf/int8_float_fallback.py image_classification
 """
@@ -13,8 +13,8 @@ import platform
 import onnx
 
 from tritonkit import kinds
+from tritonkit.int8.search import Recipe, Search
 from tritonkit.paths import model_file
-from tritonkit.search import Recipe, Search
 
 
 def main() -> None:

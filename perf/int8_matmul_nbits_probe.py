@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from tritonkit import kinds
-from tritonkit.baselines import onnx_file
+from tritonkit.perf.baselines import onnx_file
 
 TIMED_BATCHES = 6
 

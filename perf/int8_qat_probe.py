@@ -52,8 +52,8 @@ class Int8Weight(torch.nn.Module):
 def augmented_views(kind, count: int, seed: int = 0) -> np.ndarray:
     """`count` random crops (10-100 % of the area, aspect 3:4-4:3) and flips of the calibration photos, through
     the served preprocessing: more distinct inputs to distil on, none from the validation or test photos."""
-    from tritonkit import imaging
     from tritonkit.data import photos
+    from tritonkit.serving import imaging
 
     rng = np.random.default_rng(seed)
     source = photos.photos("calibration")

@@ -3,7 +3,7 @@ baselines in the same run, CSV/JSON/Markdown/PNG in perf/results/<stamp>/. `pyth
 
 import sys
 
-from tritonkit.lab import main
+from tritonkit.perf.lab import main
 
 if __name__ == "__main__":
     sys.exit(main())

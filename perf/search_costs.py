@@ -1,5 +1,5 @@
 """What one INT8 search candidate costs, piece by piece, with and without the search's two shortcuts: calibration
-with onnxruntime's CPU arena (`tritonkit.quantize.ARENA_MAX_BYTES`) and scales reused across the candidates of a
+with onnxruntime's CPU arena (`tritonkit.int8.calibration.ARENA_MAX_BYTES`) and scales reused across the candidates of a
 prepared graph (`Prepared.initializer_params`). Each shortcut's output is checked to be the same as without it.
 
     python perf/search_costs.py text_embedding [--candidates 6]
@@ -17,8 +17,8 @@ import time
 from dataclasses import replace
 
 from tritonkit import kinds
+from tritonkit.int8.search import Recipe, Search, quantizable_nodes
 from tritonkit.paths import model_file
-from tritonkit.search import Recipe, Search, quantizable_nodes
 
 
 def _search(name: str) -> Search:
@@ -28,10 +28,10 @@ def _search(name: str) -> Search:
 
 
 def _calibrate(name: str, arena: bool, out) -> None:
-    from tritonkit import quantize
+    from tritonkit.int8 import calibration
 
     if not arena:
-        quantize.ARENA_MAX_BYTES = -1  # every graph calibrates without the arena
+        calibration.ARENA_MAX_BYTES = -1  # every graph calibrates without the arena
     search = _search(name)
     recipe = Recipe(form="uint8", placement="inputs")
     search._prepare(recipe)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import build, data, int8
-from tritonkit.server import TritonServer
+from tritonkit import build, data
+from tritonkit.int8 import recipe
+from tritonkit.runtime.server import TritonServer
 
 
 @dataclass
@@ -26,11 +27,12 @@ class Demo:
 
 def serves(name: str) -> str:
     """What model `name`'s INT8 slot really serves here: precision and the runtime its config names."""
-    from tritonkit import kinds, runtime_choice
+    from tritonkit import kinds
+    from tritonkit.repository import runtime_choice
 
     kind = kinds.get(name)
     variant = runtime_choice.variant_for(kind, kind.INT8_MODEL)
-    graph = int8.served_label(name)
+    graph = recipe.served_label(name)
     return f"{graph} on {variant}" + (" (the FP32 graph computed in bf16)" if graph != "INT8" and "bf16" in variant
                                       else "")
 
@@ -47,7 +49,7 @@ def text_demo(server: TritonServer) -> None:
     print(f"\n== text_embedding (all-MiniLM-L6-v2, {serves('text_embedding')}): {len(corpus)} sentences from the "
           "standard-library docs, "
           f"embedded over gRPC by tritonkit_client ==")
-    print(f"   {int8.floor_summary('text_embedding')}")
+    print(f"   {recipe.floor_summary('text_embedding')}")
     vectors = embed(corpus, url=server.grpc_url, protocol="grpc", batch_size=32, concurrency=4).vectors
     found = embed(queries, url=server.http_url)
     for query, vector in zip(queries, found.vectors):
@@ -69,7 +71,7 @@ def image_demo(server: TritonServer) -> None:
     print(f"\n== image_classification (EfficientNet-Lite0, {serves('image_classification')}): {len(photos)} "
           "bundled photos sent as "
           "JPEG/PNG/WebP bytes over HTTP, top-3 via the classification extension ==")
-    print(f"   {int8.floor_summary('image_classification')}")
+    print(f"   {recipe.floor_summary('image_classification')}")
     for name, fmt, preds in zip(names, fmts * 2, image.classify(photos, top_k=3, url=server.http_url)):
         print(f"\n{name} ({fmt}):")
         for p in preds:
@@ -85,7 +87,7 @@ DEMOS = [
 def main() -> int:
     for demo in DEMOS:
         build.build(demo.target, forms=("served",))  # the TensorRT form is `make build-engines`' business
-    problems = int8.check_all([demo.target for demo in DEMOS])
+    problems = recipe.check_all([demo.target for demo in DEMOS])
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:

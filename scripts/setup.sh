@@ -7,7 +7,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
 # libb64-0d: perf_analyzer links libb64.so.0d; prometheus (+ promtool): the monitoring tests run the real one;
-# libjemalloc2: tritonserver's allocator (tritonkit.server: glibc keeps the memory of a drained backlog);
+# libjemalloc2: tritonserver's allocator (tritonkit.runtime.server: glibc keeps the memory of a drained backlog);
 # fortunes wordnet-base bible-kjv manpages: sources of the held-out text corpus (tritonkit/data/make_eval_corpus.py);
 # tuxpaint-stamps-default mate-backgrounds lomiri-wallpapers-16.04: the real photos of tritonkit/data/photos.py.
 APT_PACKAGES=(libb64-0d prometheus libjemalloc2 fortunes wordnet-base bible-kjv manpages
@@ -47,5 +47,5 @@ else
   echo "[setup] Python deps up to date"
 fi
 
-"$VENV/bin/python" -m tritonkit.server prepare-backends
-"$VENV/bin/python" -m tritonkit.server check
+"$VENV/bin/python" -m tritonkit.runtime.server prepare-backends
+"$VENV/bin/python" -m tritonkit.runtime.server check

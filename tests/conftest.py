@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tritonkit.server import TritonServer
+from tritonkit.runtime.server import TritonServer
 
 
 def _interrupt(signum, _frame):
@@ -43,7 +40,7 @@ def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
 
 @pytest.fixture(scope="session")
 def smoke_repository(tmp_path_factory) -> Path:
-    from tiny_models import build_smoke_repository
+    from tests.support.tiny_models import build_smoke_repository
 
     return build_smoke_repository(tmp_path_factory.mktemp("smoke_repo"))
 
@@ -58,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from tritonkit.engines import detect
+    from tritonkit.tensorrt.engines import detect
 
     reason = detect().skip_reason
     if reason:

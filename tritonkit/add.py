@@ -18,8 +18,9 @@ import json
 import sys
 from pathlib import Path
 
-from tritonkit import paths, specs
+from tritonkit import paths
 from tritonkit.errors import AddError
+from tritonkit.kinds import spec as specs
 from tritonkit.kinds.architectures import SourceError, inspect_directory
 
 IMAGENET_MEAN = [123.675, 116.28, 103.53]  # torchvision's ImageNet normalisation, in 0..255 pixel units
@@ -97,7 +98,7 @@ def add(table: dict, force: bool = False, directory: Path = specs.SPECS_DIR) -> 
 
 
 def _models_of(kind) -> set[str]:
-    from tritonkit import generate
+    from tritonkit.repository import generate
 
     return {e.config.name for e in generate.repository(kind)}
 

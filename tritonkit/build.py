@@ -3,10 +3,10 @@
     python -m tritonkit.build {text,image,all} [--force] [--skip-int8] [--search]
 
 Artefacts go to model_repository/<model>/1/model.onnx (gitignored); reports to build/reports/<name>_*.json.
-INT8 comes from the committed recipe models/<name>.int8.json (tritonkit.int8): the served form goes to
+INT8 comes from the committed recipe models/<name>.int8.json (tritonkit.int8.recipe): the served form goes to
 model_repository/<INT8_MODEL>, the TensorRT form to build/artifacts/<INT8_MODEL>.trt_qdq.onnx, which
-tritonkit.engines compiles into TensorRT plans. `--search` (or a missing recipe) runs the accuracy-aware search
-first (tritonkit.search). Exit status 1 when a committed recipe misses a gate here; a model whose search found
+tritonkit.tensorrt.engines compiles into TensorRT plans. `--search` (or a missing recipe) runs the accuracy-aware search
+first (tritonkit.int8.search). Exit status 1 when a committed recipe misses a gate here; a model whose search found
 nothing is served as FP32 (exit 0, with a warning).
 A step is skipped when its artefact exists and the fingerprint of everything it depends on (spec module,
 export/quantize/search code, data, recipe, package versions and CPU features) is unchanged; `--force` rebuilds.
@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonkit import envinfo, int8, kinds, paths
+from tritonkit import envinfo, kinds, paths
+from tritonkit.int8 import recipe
 
 REPORTS = paths.REPORTS
 
@@ -36,13 +37,13 @@ class BuildResult:
     int8: Path | None
     built: list[str]
     int8_status: str | None = None  # "passed", "fp32-fallback" or "failed"
-    # The TensorRT-form Q/DQ (symmetric INT8), compiled by tritonkit.engines.
+    # The TensorRT-form Q/DQ (symmetric INT8), compiled by tritonkit.tensorrt.engines.
     trt_int8: Path | None = None
     outcomes: list = field(default_factory=list)
 
 
 def trt_qdq_path(spec) -> Path:
-    """The TensorRT-form Q/DQ kept beside a served INT8 of another form (read by tritonkit.engines)."""
+    """The TensorRT-form Q/DQ kept beside a served INT8 of another form (read by tritonkit.tensorrt.engines)."""
     return paths.ARTIFACTS / f"{spec.INT8_MODEL}.trt_qdq.onnx"
 
 
@@ -50,10 +51,12 @@ def _fingerprint(spec, stage: str, extra: str = "") -> str:
     """Hash of everything a stage's artefact depends on: the spec file, the kind's code, the stage's code, data."""
     import sys as _sys
 
-    from tritonkit import data, export, quantize, search
+    from tritonkit import data, export
+    from tritonkit.int8 import calibration, checks, quantize, search, settings, transforms
 
     h = hashlib.sha256()
-    sources = [_sys.modules[type(spec).__module__], export] + ([quantize, search, int8] if stage == "int8" else [])
+    int8_code = [settings, transforms, calibration, quantize, checks, search, recipe]
+    sources = [_sys.modules[type(spec).__module__], export] + (int8_code if stage == "int8" else [])
     for module in sources:
         h.update(Path(inspect.getfile(module)).read_bytes())
     for path in [spec.spec.file, data.SENTENCES, *getattr(spec, "DATA_FILES", ())]:
@@ -109,18 +112,18 @@ def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, 
 def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = None, search_form: str | None = None,
-               forms: Sequence[str] = int8.FORMS) -> list[int8.Outcome]:
+               forms: Sequence[str] = recipe.FORMS) -> list[recipe.Outcome]:
     """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
-    data = int8.load_recipes(spec)
+    data = recipe.load_recipes(spec)
     if data is None and not (run_search or search_if_missing):
-        raise int8.GateError(f"{spec.NAME}: no committed INT8 recipe ({paths.rel(int8.recipe_path(spec))}); run "
-                             f"`{int8.search_command(spec)}` (minutes) and commit the file it writes")
+        raise recipe.GateError(f"{spec.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(spec))}); run "
+                               f"`{recipe.search_command(spec)}` (minutes) and commit the file it writes")
     if run_search or data is None:
         if data is None:
-            _log(f"{spec.NAME}: no committed recipe ({paths.rel(int8.recipe_path(spec))}): searching")
-        data = int8.search(spec, fp32, progress=progress, budget_s=search_budget_s,
-                           only=search_form if run_search else None)
+            _log(f"{spec.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(spec))}): searching")
+        data = recipe.search(spec, fp32, progress=progress, budget_s=search_budget_s,
+                             only=search_form if run_search else None)
         force = True
     outcomes = []
     for form, out, stage in (("served", paths.model_file(spec.INT8_MODEL), "int8"),
@@ -129,16 +132,16 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
             continue
         extra = json.dumps([data[form], envinfo.fingerprint()], sort_keys=True) + form + fp32.name
         fingerprint = _fingerprint(spec, "int8", extra)
-        report = int8.report_path(spec, form)
+        report = recipe.report_path(spec, form)
         if not force and up_to_date(out, spec.NAME, stage, fingerprint) and report.exists():
             status = json.loads(report.read_text()).get("status", "failed")
             _log(f"{spec.NAME}: {form} INT8 {paths.rel(out)} up to date ({status})")
-            outcomes.append(int8.Outcome(form, out, status, []))
+            outcomes.append(recipe.Outcome(form, out, status, []))
             continue
-        _log(f"{spec.NAME}: {form} INT8 from {paths.rel(int8.recipe_path(spec))} → "
+        _log(f"{spec.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(spec))} → "
              f"{paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        outcome = int8.replay(spec, fp32, form, data, out, progress=progress)
+        outcome = recipe.replay(spec, fp32, form, data, out, progress=progress)
         outcomes.append(outcome)
         if outcome.status != "failed":
             _stamp(spec.NAME, stage, fingerprint)
@@ -148,9 +151,9 @@ def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
 
 
 def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool = False) -> Path | None:
-    """The packed form of a text encoder's graph (tritonkit.packing), re-made when its source graph changes;
+    """The packed form of a text encoder's graph (tritonkit.serving.packing), re-made when its source graph changes;
     `fp32` for an INT8 graph, which is proven against the spec's gates instead of against itself padded."""
-    from tritonkit import packing
+    from tritonkit.serving import packing
 
     if not getattr(spec, "packable", False) or not model_path.exists():
         return None
@@ -161,8 +164,14 @@ def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool =
     fingerprint = _fingerprint(spec, stage, digest)
     if not force and up_to_date(out, spec.NAME, stage, fingerprint):
         return out
+    targets = []
+    if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
+        from tritonkit.int8 import floor
+
+        half = floor.measure(spec, fp32, floor.PRECISION["served"])
+        targets = floor.targets(spec, floor.split_floor(half, "test"))
     try:
-        spec.write_packed(model_path, fp32)
+        spec.write_packed(model_path, fp32, targets)
     except packing.PackingError as err:  # the backend then runs padded length buckets, as before
         _log(f"{spec.NAME}: no packed form of {paths.rel(model_path)}: {err}")
         out.unlink(missing_ok=True)
@@ -176,10 +185,10 @@ def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool =
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
           progress: bool = True, search_if_missing: bool = False, search_budget_s: float | None = None,
           search_form: str | None = None, choose_runtime: bool = False,
-          forms: Sequence[str] = int8.FORMS) -> BuildResult:
+          forms: Sequence[str] = recipe.FORMS) -> BuildResult:
     """Configs, FP32, packed forms and the INT8 `forms` of one model (`make demo` builds only the served form: the
     TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
-    from tritonkit import generate
+    from tritonkit.repository import generate
 
     spec = kinds.get(name)
     # The model's configs first: a build can then be served even when the INT8 step below stops it.
@@ -199,7 +208,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     build_packed(spec, served.path, fp32 if served.status == "passed" else None)
-    from tritonkit import runtime_choice
+    from tritonkit.repository import runtime_choice
 
     runtime_choice.choose(spec, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
                           log=_log)
@@ -217,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--budget-minutes", type=float, metavar="M",
                         help="cap each form's search at M minutes of wall clock (it reports the best it found)")
-    parser.add_argument("--form", choices=list(int8.FORMS),
+    parser.add_argument("--form", choices=list(recipe.FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
     parser.add_argument("--choose-runtime", action="store_true",
                         help="re-time every served file on ONNX Runtime and OpenVINO for this CPU class "
@@ -239,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"{target}: {outcome.form} INT8 MISSED ITS GATES: {'; '.join(outcome.missed)} "
                      f"(report build/reports/{target}_int8*.json). The committed recipe no longer passes here: "
                      f"re-run `python -m tritonkit.build {target} --search`")
-            elif outcome.status == int8.FALLBACK:
+            elif outcome.status == recipe.FALLBACK:
                 _log(f"{target}: {outcome.form} form serves FP32 (no INT8 candidate passed every gate)")
         forms = "".join(f"; {o.form} INT8 {o.status}" for o in result.outcomes)
         _log(f"{target}: done (built {', '.join(result.built) or 'nothing'}{forms})")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from tritonkit import ngc, paths, repo_variants
-from tritonkit.config import load_repository
+from tritonkit import paths, release
+from tritonkit.repository import variants
+from tritonkit.repository.config import load_repository
 
 DEPLOY = paths.ROOT / "deploy"
 K8S_DIR = DEPLOY / "k8s"
@@ -53,10 +54,10 @@ class Variant:
 VARIANTS = {
     # A GPU replica absorbs bursts fast; scale before queueing reaches a few ms of a ~20 ms budget.
     "gpu": Variant("tritonkit", cpu="4", memory="12Gi", gpus=1, queue_target_us=5_000, max_replicas=8,
-                   max_surge=0, max_unavailable=1, repository=repo_variants.NGC_REPOSITORY.name),
+                   max_surge=0, max_unavailable=1, repository=variants.NGC_REPOSITORY.name),
     # CPU replicas compute slower, so a larger share of the budget is queue before a new pod pays off.
     "cpu": Variant("tritonkit-cpu", cpu="4", memory="6Gi", gpus=0, queue_target_us=20_000, max_replicas=16,
-                   max_surge=1, max_unavailable=0, repository=repo_variants.NGC_CPU_REPOSITORY.name),
+                   max_surge=1, max_unavailable=0, repository=variants.NGC_CPU_REPOSITORY.name),
 }
 
 
@@ -68,10 +69,10 @@ def entry_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
 
 
 def server_command() -> list[str]:
-    """The container's command: tritonserver under tritonkit.supervisor (which reloads a model whose Python stub
+    """The container's command: tritonserver under tritonkit.runtime.supervisor (which reloads a model whose Python stub
     died, through the repository API; explicit model control is what allows that, `*` loads every model)."""
     return [
-        "python3", "-m", "tritonkit.supervisor", "--",
+        "python3", "-m", "tritonkit.runtime.supervisor", "--",
         "tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*",
         "--strict-readiness=true", f"--exit-timeout-secs={EXIT_TIMEOUT_S}", "--metrics-config=summary_latencies=true",
     ]
@@ -86,11 +87,11 @@ def manifests(v: Variant) -> list[dict]:
     container = {
         "name": "tritonserver",
         # The registry is prefixed by the kustomize component deploy/k8s/image (the one place to set it).
-        "image": ngc.IMAGE,
+        "image": release.IMAGE,
         # `args`, not `command`: NGC's entrypoint (driver compatibility checks) stays and runs them.
         "args": server_command(),
         "env": [
-            # tritonkit.supervisor restricts the repository, trace and logging APIs to this key.
+            # tritonkit.runtime.supervisor restricts the repository, trace and logging APIs to this key.
             {"name": "TRITONKIT_CONTROL_KEY",
              "valueFrom": {"secretKeyRef": {"name": "tritonkit-control-key", "key": "key"}}},
         ],

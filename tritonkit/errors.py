@@ -16,7 +16,7 @@ class PackageNotInstalled(TritonkitError, LookupError):
     """An installed Python package the project reads files from is missing."""
 
 
-# raised by tritonkit.config
+# raised by tritonkit.repository.config
 class ConfigError(TritonkitError, ValueError):
     """A config problem; `field` names the offending field (dotted path), `model` the config."""
 
@@ -25,7 +25,7 @@ class ConfigError(TritonkitError, ValueError):
         super().__init__(f"{model}: {field}: {message}")
 
 
-# raised by tritonkit.specs
+# raised by tritonkit.kinds.spec
 class SpecError(TritonkitError, ValueError):
     """A spec problem; `field` names the offending key (dotted), `spec` the file or model name."""
 
@@ -44,7 +44,7 @@ class AddError(TritonkitError, ValueError):
     """The model cannot be added; the message says what is missing and where."""
 
 
-# raised by tritonkit.packing
+# raised by tritonkit.serving.packing
 class PackingError(TritonkitError, ValueError):
     """An encoder graph cannot be rewritten for packed batches; the message names the part not found."""
 
@@ -63,37 +63,37 @@ class ExportValidationError(TritonkitError, RuntimeError):
         )
 
 
-# raised by tritonkit.quantize
+# raised by tritonkit.int8 (quantize and the modules it is split into)
 class QuantizationError(TritonkitError, RuntimeError):
     """The quantized graph breaks a rule (e.g. a non-zero zero point) or the recipe does not fit the graph."""
 
 
-# raised by tritonkit.search
+# raised by tritonkit.int8.search
 class SearchError(TritonkitError, RuntimeError):
     """The search could not run (e.g. the graph has no quantizable unit)."""
 
 
-# raised by tritonkit.int8
+# raised by tritonkit.int8.recipe
 class GateError(TritonkitError, RuntimeError):
     """An INT8 model missed a gate, or was made on another package set or CPU; the message says how to fix it."""
 
 
-# raised by tritonkit.engines
+# raised by tritonkit.tensorrt.engines
 class EngineError(TritonkitError, RuntimeError):
     """A plan could not be built or does not match ONNX Runtime within tolerance."""
 
 
-# raised by tritonkit.imaging
+# raised by tritonkit.serving.imaging
 class ImageInputError(TritonkitError, ValueError):
     """One input image cannot be used; the message names the field and, where one applies, the limit."""
 
 
-# raised by tritonkit.textproc
+# raised by tritonkit.serving.textproc
 class BadText(TritonkitError, ValueError):
     """A request's input cannot be embedded; the message names the element (`text[i] ...`)."""
 
 
-# raised by tritonkit.perf
+# raised by tritonkit.perf.analyzer
 class PerfError(TritonkitError, RuntimeError):
     """perf_analyzer failed or is missing; the message carries its output tail."""
 
@@ -108,12 +108,12 @@ class CorpusSourceError(TritonkitError, RuntimeError):
     """A source package is missing or its files are not in the expected form."""
 
 
-# raised by tritonkit.supervisor
+# raised by tritonkit.runtime.supervisor
 class SupervisorError(TritonkitError, RuntimeError):
     """The server command cannot be supervised as given (names the flag or variable to fix)."""
 
 
-# raised by tritonkit.gpu_repository
+# raised by tritonkit.runtime.gpu_repository
 class GpuRepositoryError(TritonkitError, ValueError):
     """A builder option is wrong; `field` names it."""
 
@@ -122,7 +122,7 @@ class GpuRepositoryError(TritonkitError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
-# raised by tritonkit.torch_serving
+# raised by tritonkit.serving.torch_serving
 class ModuleConfigError(TritonkitError, ValueError):
     """A config parameter of a torch_cuda model is missing or wrong; `field` names it."""
 
@@ -131,11 +131,11 @@ class ModuleConfigError(TritonkitError, ValueError):
         super().__init__(f"parameters.{field}: {message}")
 
 
-# raised by tritonkit.server and tritonkit.backend_dir
+# raised by tritonkit.runtime.server and tritonkit.runtime.backend_dir
 class SetupError(TritonkitError, RuntimeError):
     """The environment is missing something `make setup` installs."""
 
 
-# raised by tritonkit.server
+# raised by tritonkit.runtime.server
 class ServerStartError(TritonkitError, RuntimeError):
     """tritonserver exited or did not become ready; the message carries its log tail."""

@@ -1,12 +1,12 @@
-"""Python-based `torch_cuda` backend: serves a torch module built from the model's config (tritonkit.torch_serving)
-on the instance's GPU (KIND_GPU, FP16 or FP32) or on the CPU (KIND_CPU, FP32).
+"""Python-based `torch_cuda` backend: serves a torch module built from the model's config
+(tritonkit.serving.torch_serving) on the instance's GPU (KIND_GPU, FP16 or FP32) or on the CPU (KIND_CPU, FP32).
 
-Used by the GPU view of the repository (`python -m tritonkit.gpu_repository`), where the text encoder and the image
-classifier run here instead of in onnxruntime on the CPU. Batching as in backends/onnxruntime: every request of one
-execute() runs as one forward pass (ragged inputs right-padded to the longest), outputs are split back; a request
+Used by the GPU view of the repository (`python -m tritonkit.runtime.gpu_repository`), where the text encoder and the
+image classifier run here instead of in onnxruntime on the CPU. Batching as in backends/onnxruntime: every request of
+one execute() runs as one forward pass (ragged inputs right-padded to the longest), outputs are split back; a request
 whose tensors do not fit fails alone, and if the batched pass fails the requests are retried one by one.
 
-Config parameters: see tritonkit/torch_serving.py; also `pad_value.<INPUT>` (default 0) and `warmup` ("1", the
+Config parameters: see tritonkit/serving/torch_serving.py; also `pad_value.<INPUT>` (default 0) and `warmup` ("1", the
 default: one pass at batch 1 and at max_batch_size at load, so CUDA context, kernel loading and the caching
 allocator's growth stay out of served requests).
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonkit import torch_serving
-from tritonkit.backend_utils import error_response, param
+from tritonkit.serving import torch_serving
+from tritonkit.serving.backend_utils import error_response, param
 
 
 class TritonPythonModel:

@@ -7,7 +7,7 @@ changing the data. Sources (licences in the data README): Tux Paint's photo stam
 and clip art left out by eye), MATE's and Lomiri's photographic wallpapers, and the sample photos of
 scikit-image, matplotlib and scikit-learn.
 
-Photos decode to RGB (transparent pixels over the preprocessing mean, as tritonkit.imaging does), shrink so the
+Photos decode to RGB (transparent pixels over the preprocessing mean, as tritonkit.serving.imaging does), shrink so the
 shorter side is at most `MAX_SIDE` (evaluation stays fast; the model sees 224 px anyway), and are dealt by
 scene group into disjoint splits, within each source: 1 in 5 to "calibration", 2 to "validation", 2 to "test".
 Deterministic crops and flips (`VIEWS`) widen each photo into several inputs.

@@ -1,5 +1,5 @@
 """Model kinds: one class per kind holds the behaviour every model of that kind shares (loading, export,
-calibration and evaluation data, metrics, INT8 gates, generated configs); a model is a spec file (tritonkit.specs).
+calibration and evaluation data, metrics, INT8 gates, generated configs); a model is a spec file (tritonkit.kinds.spec).
 
     from tritonkit import kinds
     model = kinds.get("text_embedding")     # models/text_embedding.toml → TextEmbedding
@@ -14,7 +14,7 @@ import importlib
 from functools import cache
 from pathlib import Path
 
-from tritonkit import specs
+from tritonkit.kinds import spec as specs
 
 KIND_CLASSES = {
     "text-embedding": "tritonkit.kinds.text:TextEmbedding",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit.errors import SourceError
-from tritonkit.specs import POOLINGS
+from tritonkit.kinds.spec import POOLINGS
 
 
 @dataclass(frozen=True)

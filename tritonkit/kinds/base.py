@@ -1,20 +1,20 @@
 """What every model kind shares: names, gates and sessions; the interface the build, the INT8 search and the
-config generator read (see tritonkit.search.SearchSpec)."""
+config generator read (see tritonkit.int8.search.SearchSpec)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import ClassVar
 
-from tritonkit.quantize import Target
-from tritonkit.specs import Spec, SpecError
+from tritonkit.kinds.gates import Target
+from tritonkit.kinds.spec import Spec, SpecError
 
 
 class Kind:
     WEIGHT_OPS: tuple[str, ...] = ()
     DEFAULT_GATES: ClassVar[dict[str, float]] = {}
     # Per gate metric, how far under the FP32 graph's half-precision floor INT8 may fall; and the bounds no floor
-    # loosens (tritonkit.floor.targets).
+    # loosens (tritonkit.int8.floor.targets).
     FLOOR_SLACK: ClassVar[dict[str, float]] = {}
     CATASTROPHE: ClassVar[tuple[Target, ...]] = ()
     SPEED_BATCHES: tuple[int, ...] = (1, 8, 32)

@@ -1,7 +1,7 @@
 """image-classification: a torch classifier served as image_preprocess (decode, resize, crop, normalise) →
 classifier (logits and softmax probabilities, with the classification extension over a labels file).
 
-The exported graph takes preprocessed FP32 NCHW pixels (tritonkit.imaging, the same code the Triton
+The exported graph takes preprocessed FP32 NCHW pixels (tritonkit.serving.imaging, the same code the Triton
 preprocessor runs, with the spec's resize/crop/mean/std) and returns both the logits and the probabilities.
 The weights come from the spec's loader, "module:function" called with its args (tritonkit.kinds.loaders has
 the EfficientNet-Lite family). INT8 is calibrated, searched and gated on tritonkit.data.photos (real photos from
@@ -20,11 +20,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from tritonkit import imaging
 from tritonkit.data import photos as photos_data
 from tritonkit.export import ExportSample, ExportSpec
 from tritonkit.kinds.base import Kind
-from tritonkit.quantize import Target
+from tritonkit.kinds.gates import Target
+from tritonkit.serving import imaging
 
 INPUT = "pixels"
 OUTPUTS = ("logits", "probabilities")
@@ -109,7 +109,7 @@ def load_callable(ref: str):
 class ImageClassification(Kind):
     WEIGHT_OPS = ("Conv", "Gemm")
     DEFAULT_GATES = DEFAULT_GATES
-    # How far under its bf16/fp16 floor INT8 may fall where the floor is below a gate (tritonkit.floor): near-tie
+    # How far under its bf16/fp16 floor INT8 may fall where the floor is below a gate (tritonkit.int8.floor): near-tie
     # photos flip top-1 at any reduced precision (bf16 flips 7 % of Lite0's).
     FLOOR_SLACK: ClassVar[dict[str, float]] = {"top1_agreement": 0.02, "top1_agreement_margin0.05": 0.01,
                                                "top5_agreement": 0.02}

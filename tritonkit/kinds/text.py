@@ -21,7 +21,8 @@ from tritonkit import data
 from tritonkit.export import ExportSample, ExportSpec, row_metric
 from tritonkit.kinds import architectures
 from tritonkit.kinds.base import Kind
-from tritonkit.quantize import Target
+from tritonkit.kinds.gates import Target
+from tritonkit.serving.textproc import pad
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -39,18 +40,6 @@ PACKED_CHECK_TEXTS = 96  # mixed-length validation texts a packed float graph mu
 PACKED_BATCH = 16  # texts per packed run when an INT8 packed graph is proven: a served dynamic batch at c=16
 # Gates (a spec's [gates] may only tighten them): on the held-out corpus, FP32 as the reference.
 DEFAULT_GATES = {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.3}
-
-
-def pad(encodings: Sequence, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pad a list of tokenizers Encodings to the longest: (ids, mask) int64 [n, longest]."""
-    longest = max(len(e.ids) for e in encodings)
-    ids = np.full((len(encodings), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(encodings), longest), dtype=np.int64)
-    for row, enc in enumerate(encodings):
-        n = len(enc.ids)
-        ids[row, :n] = enc.ids
-        mask[row, :n] = 1
-    return ids, mask
 
 
 def long_text(sentences: Sequence[str], i: int, min_words: int) -> str:
@@ -84,7 +73,7 @@ class TextEmbedding(Kind):
     SPEED_BATCHES = (1, 8, 32)
     DATA_FILES = (data.EVAL_CORPUS,)
     DEFAULT_GATES = DEFAULT_GATES
-    # How far under its bf16/fp16 floor INT8 may fall where the floor is below a gate (tritonkit.floor): a narrow
+    # How far under its bf16/fp16 floor INT8 may fall where the floor is below a gate (tritonkit.int8.floor): a narrow
     # embedding cone reorders neighbours at any reduced precision, so top-10 overlap gets the most room.
     FLOOR_SLACK: ClassVar[dict[str, float]] = {"cosine_min": 0.005, "cosine_mean": 0.001, "top10_overlap": 0.03}
     # Never looser, whatever the floor: an embedding this far off is a different model.
@@ -242,24 +231,25 @@ class TextEmbedding(Kind):
 
     @property
     def packable(self) -> bool:
-        from tritonkit import packing
+        from tritonkit.serving import packing
 
         return self.spec.facts.pooling in packing.POOLINGS
 
-    def write_packed(self, model_path: Path, fp32: Path | None = None) -> Path:
-        """model.packed.onnx beside `model_path` (tritonkit.packing), installed only once it is proven.
+    def write_packed(self, model_path: Path, fp32: Path | None = None, targets: Sequence[Target] = ()) -> Path:
+        """model.packed.onnx beside `model_path` (tritonkit.serving.packing), installed only once it is proven.
 
         A float graph must reproduce the padded graph's embeddings of mixed-length validation texts within the
         export tolerance. An INT8 graph cannot: a text's softmax sums its row in another order when other texts
         share the row, and a last-bit change can move a probability to the next uint8 level (measured on MiniLM:
-        1 - cosine up to 6e-4 against the padded graph). So with `fp32` given, the packed INT8 graph must meet the
-        spec's accuracy gates against that FP32 graph on the test split, packed in arrival order as served.
+        1 - cosine up to 6e-4 against the padded graph). So with `fp32` given, the packed INT8 graph must meet
+        `targets` (the spec's accuracy gates judged against its half-precision floor, tritonkit.int8.floor.targets)
+        against that FP32 graph on the test split, packed in arrival order as served.
         """
         import onnx
 
-        from tritonkit import packing
         from tritonkit.errors import PackingError
-        from tritonkit.evaluate import missed
+        from tritonkit.kinds.gates import missed
+        from tritonkit.serving import packing
 
         f = self.spec.facts
         graph = packing.pack_graph(onnx.load(str(model_path)), f.pooling, f.normalize, f.dim)
@@ -277,10 +267,7 @@ class TextEmbedding(Kind):
             texts = data.eval_texts("test")
             metrics = self.gate_metrics(self.embed_onnx(self.session(fp32), texts),
                                         self.embed_packed(self.session(tmp), texts))
-            from tritonkit import floor
-
-            half = floor.measure(self, fp32, floor.PRECISION["served"])
-            problem = "; ".join(missed(floor.targets(self, floor.split_floor(half, "test")), metrics))
+            problem = "; ".join(missed(targets, metrics))
         if problem:
             tmp.unlink()
             raise PackingError(f"{out.name}: {problem}")
@@ -289,8 +276,8 @@ class TextEmbedding(Kind):
 
     def packed_feeds(self, texts: Sequence[str], balanced: bool = True, width_multiple: int = 1
                      ) -> dict[str, np.ndarray]:
-        """`texts` tokenized and packed end to end (tritonkit.packing), as the served encoder runs them."""
-        from tritonkit import packing
+        """`texts` tokenized and packed end to end (tritonkit.serving.packing), as the served encoder runs them."""
+        from tritonkit.serving import packing
 
         ids = [np.asarray(e.ids, np.int64) for e in self._tokenizer(self.MAX_LENGTH).encode_batch(list(texts))]
         return packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id, balanced,

@@ -4,9 +4,9 @@ Same inputs, outputs and per-request errors as the ensemble, without its second 
 requests of one execute() go through one `encode_batch`, then the encoder's runtime (parameter `runtime`:
 onnxruntime or openvino, the one the build chose for the encoder, tritonkit.serving.runtimes) runs its ONNX
 (parameter `onnx_model`, default the INT8 `text_encoder`'s file, shared rather than copied) over them, packed end to end
-when the build wrote that file's packed form (tritonkit.packing, as text_encoder does), else in length buckets
-(`ragged_max_padding`, tritonkit.batching), and the embeddings are split back per request.
-Validation and tokenization are tritonkit/textproc.py, shared with the `tokenizer` model; threads follow the
+when the build wrote that file's packed form (tritonkit.serving.packing, as text_encoder does), else in length buckets
+(`ragged_max_padding`, tritonkit.serving.batching), and the embeddings are split back per request.
+Validation and tokenization are tritonkit/serving/textproc.py, shared with the `tokenizer` model; threads follow the
 parameters of that runtime's backend (intra_op_thread_count or INFERENCE_NUM_THREADS, ...).
 
 A request with a bad text fails alone (INVALID_ARG, the element named); the rest of the batch is served.
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonkit import packing, textproc
-from tritonkit.backend_utils import error_response, ort_metrics, param
-from tritonkit.batching import length_buckets
 from tritonkit.errors import ConfigError
+from tritonkit.serving import packing, textproc
+from tritonkit.serving.backend_utils import error_response, ort_metrics, param
+from tritonkit.serving.batching import length_buckets
 from tritonkit.serving.runtimes import open_runner
 
 

@@ -1,4 +1,4 @@
-"""Image preprocessor for the `image_classification` ensemble (Python backend over tritonkit.imaging).
+"""Image preprocessor for the `image_classification` ensemble (Python backend over tritonkit.serving.imaging).
 
 All images of all requests in one execute() are decoded into one FP32 batch; each request gets its rows back.
 A request with a corrupt, truncated, non-image or oversized image fails alone, with an error naming the
@@ -13,8 +13,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonkit import imaging
-from tritonkit.backend_utils import error_response, param
+from tritonkit.serving import imaging
+from tritonkit.serving.backend_utils import error_response, param
 
 
 def _floats(text: str) -> tuple[float, float, float]:

@@ -21,20 +21,22 @@ Config `parameters` (string values), same keys as the native backend where one e
   HINT_BF16
   pad_value.<INPUT>                               value used to right-pad a ragged input (default 0)
   ragged_max_padding                              split a ragged batch into length buckets so that padding is
-                                                  at most this fraction of each run's elements (tritonkit.batching;
-                                                  default: one run per execute(), padded to the longest)
-  packed_model                                    a text encoder's packed form (tritonkit.packing), in the version
-                                                  directory: each execute() runs its texts end to end in rows,
+                                                  at most this fraction of each run's elements
+                                                  (tritonkit.serving.batching; default: one run per execute(),
+                                                  padded to the longest)
+  packed_model                                    a text encoder's packed form (tritonkit.serving.packing), in the
+                                                  version directory: each execute() runs its texts end to end in rows,
                                                   no padding, one run; the config's inputs stay input_ids +
                                                   attention_mask. Absent file: length buckets, with a warning
-  packed_row_tokens                               tokens per packed row (default tritonkit.packing.ROW_TOKENS)
+  packed_row_tokens                               tokens per packed row (default tritonkit.serving.packing.ROW_TOKENS)
   packed_width_multiple                           round a packed run's row width up to a multiple of this (masked
                                                   slots) and its text count to a power of two, when > 1: fewer
                                                   distinct shapes for a runtime that prepares kernels per shape
                                                   (OpenVINO; default 1)
   arena_release_batch                             onnxruntime: after a burst of runs above this many rows, give its
-                                                  CPU arena back to the OS (tritonkit.backend_utils.ArenaRelease;
-                                                  default max_batch_size // 4, "0": never)
+                                                  CPU arena back to the OS
+                                                  (tritonkit.serving.backend_utils.ArenaRelease; default
+                                                  max_batch_size // 4, "0": never)
   warmup_runs                                     runs over a made-up batch at load, so the first requests do not
                                                   pay for lazy kernel set-up (default 2; "0": none)
 """
@@ -47,10 +49,10 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonkit import packing
-from tritonkit.backend_utils import error_response, index_limits, ort_metrics, pad_concat, param, usable_cpus
-from tritonkit.batching import length_buckets
 from tritonkit.errors import ConfigError
+from tritonkit.serving import packing
+from tritonkit.serving.backend_utils import error_response, index_limits, ort_metrics, pad_concat, param, usable_cpus
+from tritonkit.serving.batching import length_buckets
 from tritonkit.serving.runtimes import open_runner
 
 

@@ -5,7 +5,7 @@
 
 Both read the file as built (FP32, explicit Q/DQ INT8, the packed graphs); neither converts it on disk. Thread
 settings come from the model's config `parameters` under the names the native backend of that runtime reads:
-ONNX Runtime's `intra_op_thread_count`/`inter_op_thread_count` (tritonkit.backend_utils.session_options) and
+ONNX Runtime's `intra_op_thread_count`/`inter_op_thread_count` (tritonkit.serving.backend_utils.session_options) and
 OpenVINO's `INFERENCE_NUM_THREADS`, `NUM_STREAMS`, `PERFORMANCE_HINT`, `COMPILATION_NUM_THREADS`, `HINT_BF16`
 (validated as openvino_backend/src/openvino.cc ModelState::ParseParameterHelper does). Heavy imports are lazy, so
 this module imports anywhere (tests, the build's timing) and inside a Triton stub alike.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from tritonkit.backend_utils import ArenaRelease, instance_count, param, session_options, usable_cpus
 from tritonkit.errors import ConfigError
+from tritonkit.serving.backend_utils import ArenaRelease, instance_count, param, session_options, usable_cpus
 
 RUNTIMES = ("onnxruntime", "openvino")
 # Threads per instance, under the name each runtime's native Triton backend reads.

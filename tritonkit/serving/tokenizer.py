@@ -1,4 +1,4 @@
-"""Tokenizer for the `text_embedding` ensemble (Python backend, HF `tokenizers` via tritonkit.textproc).
+"""Tokenizer for the `text_embedding` ensemble (Python backend, HF `tokenizers` via tritonkit.serving.textproc).
 
 All texts of all requests handed to one execute() go through a single `encode_batch` (Rust, no GIL), then each
 request gets its own ids/mask padded only to its own longest text. The encoder accepts them with
@@ -8,7 +8,7 @@ Per text it also returns `num_tokens` and `truncated` (text longer than `max_len
 A request with an empty / whitespace-only / non-UTF-8 / over-`max_chars` text, or one that tokenizes to nothing
 (only control, zero-width or other characters the normalizer drops), fails alone with an error naming the element
 (status INVALID_ARG: HTTP 400 / gRPC INVALID_ARGUMENT); the other requests of the batch are served.
-Validation and tokenization live in tritonkit/textproc.py, shared with `text_embedding_fused`.
+Validation and tokenization live in tritonkit/serving/textproc.py, shared with `text_embedding_fused`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from tritonkit import textproc
-from tritonkit.backend_utils import error_response
+from tritonkit.serving import textproc
+from tritonkit.serving.backend_utils import error_response
 
 
 def _bad_request(message: str):

@@ -1,2 +1,2 @@
-# Generated from models/all_mpnet_base_v2.toml by `python -m tritonkit.generate`; do not edit.
+# Generated from models/all_mpnet_base_v2.toml by `python -m tritonkit.repository.generate`; do not edit.
 from tritonkit.serving.tokenizer import TritonPythonModel  # noqa: F401

@@ -1,2 +1,2 @@
-# Generated from models/text_embedding.toml by `python -m tritonkit.generate`; do not edit.
+# Generated from models/text_embedding.toml by `python -m tritonkit.repository.generate`; do not edit.
 from tritonkit.serving.tokenizer import TritonPythonModel  # noqa: F401

@@ -1,0 +1,1 @@
+"""Tests of the tritonkit_client package (clients/)."""

@@ -1,0 +1,1 @@
+"""Tests of the kinds package (specs, gates, one class per kind)."""

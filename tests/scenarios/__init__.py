@@ -1,0 +1,1 @@
+"""Scenario suites: whole pipelines and failure modes on real servers."""

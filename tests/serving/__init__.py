@@ -1,0 +1,1 @@
+"""Tests of tritonkit.serving (stub-side code) and the Python backends."""

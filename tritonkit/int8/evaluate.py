@@ -1,0 +1,33 @@
+"""Running ONNX graphs on CPU for accuracy: the sessions and batched runs that the INT8 search, the half-precision
+floor, the runtime choice and the packed-graph proof share (the gate checks are tritonkit.kinds.gates)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Feeds = Mapping[str, np.ndarray]
+
+
+def session(model, threads: int = 0, exact: bool = False):
+    """A CPU session; `exact`: Q/DQ nodes run as written, never fused into onnxruntime's integer kernels, so an
+    INT8 graph computes what exact int32 accumulation does (TensorRT's arithmetic) on any CPU, not what this CPU's
+    kernels do (without VNNI, u8s8 products are summed in saturating int16 pairs)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if exact:  # the Q/DQ fusions are extended optimizations; basic ones (constant folding) keep the arithmetic
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    data = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
+    """The session's first output over `batches`, concatenated (inputs the graph lacks are dropped)."""
+    name = sess.get_outputs()[0].name
+    inputs = {i.name for i in sess.get_inputs()}
+    return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])

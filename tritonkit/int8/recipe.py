@@ -1,0 +1,549 @@
+"""INT8 for one model spec: search a recipe (or replay the committed one), prove it, report it, or fall back.
+
+The searched recipe is data, committed at models/<name>.int8.json beside the model's other facts: an ordinary
+build replays it (calibrate + quantize, a minute), re-checks every gate on the validation and test splits and at
+the served batch sizes, and writes build/reports/<name>_int8.json (+ .md). `--search` re-runs the search (after a
+model, data or dependency change). Two forms per model:
+- served: the fastest form onnxruntime's CPU kernels run (U8S8 or S8S8, as the search finds), speed-gated;
+- tensorrt: symmetric INT8, zero points 0, Q/DQ on weighted ops' inputs (build/artifacts/<model>.trt_qdq.onnx).
+A model whose search found nothing that passes is served as FP32 under its INT8 name, loudly; a committed recipe
+that no longer passes here fails the build, naming the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tritonkit import envinfo, paths
+from tritonkit.errors import GateError
+from tritonkit.int8.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, speedup
+from tritonkit.kinds.gates import missed
+
+RECIPES = paths.SPECS
+REPORTS = paths.REPORTS
+FORMS = {"served": ("int8", "uint8"), "tensorrt": ("int8",)}
+FALLBACK = "fp32-fallback"
+
+
+def recipe_path(spec) -> Path:
+    """Beside the model's spec file (the recipe is one more of its facts)."""
+    file = getattr(getattr(spec, "spec", None), "file", None)
+    return (Path(file).parent if file else RECIPES) / f"{spec.NAME}.int8.json"
+
+
+def report_path(spec, form: str = "served") -> Path:
+    return REPORTS / f"{spec.NAME}_int8{'' if form == 'served' else '_trt'}.json"
+
+
+def search_command(spec) -> str:
+    return f"python -m tritonkit.build {spec.NAME} --search"
+
+
+def _log(msg: str) -> None:
+    print(f"[int8] {msg}", flush=True)
+
+
+# -- search --------------------------------------------------------------------------------------------------
+
+def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = None,
+           only: str | None = None) -> dict:
+    """Search both forms (or `only` one, keeping the other's committed recipe and log), each within budget_s when
+    given; write the committed recipe file and the full search report; returns the recipe data."""
+    from tritonkit.export import write_json
+
+    t0 = time.perf_counter()
+    out: dict = {"model": spec.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
+    full: dict = {}
+    cpu = envinfo.int8_class()
+    committed = committed_recipes(spec) or {}
+    others = {c: e for c, e in committed.get("served", {}).items() if c != cpu}
+    if others:
+        _log(f"{spec.NAME}: keeping the served recipes of other CPU INT8 classes ({', '.join(others)}); this CPU "
+             f"is {cpu} (re-search those on such a CPU after a model, data or dependency change)")
+    if only is not None:
+        if only not in FORMS:
+            raise GateError(f"form: '{only}' is not one of {', '.join(FORMS)}")
+        kept, log = committed or None, REPORTS / f"{spec.NAME}_int8_search.json"
+        if kept is None:
+            raise GateError(f"form: searching only '{only}' needs a committed recipe for the other form "
+                            f"({paths.rel(recipe_path(spec))}); run `{search_command(spec)}` first")
+        old = json.loads(log.read_text()).get("search", {}) if log.exists() else {}
+        for form in FORMS:
+            if form != only:  # kept as committed, with the environment that searched it
+                out[form] = kept[form] if form == "served" else {"env": kept.get("env", {}), **kept[form]}
+                if form in old:
+                    full[form] = old[form]
+    workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
+    try:
+        for form, forms in FORMS.items():
+            if only is not None and form != only:
+                continue
+            _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
+            half = form_floor(spec, fp32, form)
+            result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
+                            log=_log, workspace=workspace, exact=form == "tensorrt", floor=half).run()
+            full[form] = result.to_json()
+            entry = {
+                "recipe": asdict(result.recipe) if result.recipe else None,
+                "status": "passed" if result.passed else FALLBACK,
+                "reason": result.reason,
+                "search_seconds": result.seconds,
+                "validation": result.validation,
+                "test": result.test,
+                "floor": half,
+                "env": envinfo.fingerprint(),
+            }
+            # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
+            out[form] = {**others, cpu: entry} if form == "served" else entry
+            found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
+            _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
+    finally:
+        workspace.close()
+    out["search_seconds"] = round(time.perf_counter() - t0, 1)
+    path = recipe_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(REPORTS / f"{spec.NAME}_int8_search.json", {**out, "search": full})
+    _log(f"{spec.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
+         f"build/reports/{spec.NAME}_int8_search.json")
+    return load_recipes(spec)
+
+
+def committed_recipes(spec) -> dict | None:
+    """The recipe file as committed, its "served" entries keyed by CPU INT8 class (`envinfo.int8_class`). A file
+    written before classes holds one served entry: the class of the CPU its "env" names."""
+    path = recipe_path(spec)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    served = data.get("served")
+    if isinstance(served, dict) and "status" in served:
+        env = data.get("env", {})
+        data["served"] = {envinfo.int8_class(env.get("cpu_int8_features", [])): {**served, "env": env}}
+    return data
+
+
+def load_recipes(spec, cpu: str | None = None) -> dict | None:
+    """The committed recipes with "served" resolved for this CPU's INT8 class (or `cpu`): its own entry, else the
+    one searched on another class, marked "borrowed_from". A borrowed recipe's replay re-checks every gate here
+    and serves FP32, loudly, where one misses (see replay)."""
+    data = committed_recipes(spec)
+    if data is None or not data.get("served"):
+        return data
+    cpu = cpu or envinfo.int8_class()
+    by_class = data["served"]
+    if cpu in by_class:
+        data["served"] = by_class[cpu]
+    else:
+        donor = "vnni" if "vnni" in by_class else sorted(by_class)[0]
+        data["served"] = {**by_class[donor], "borrowed_from": donor}
+    return data
+
+
+def served_label(name: str) -> str:
+    """What model `name`'s INT8 name serves, for labels: "INT8", or "FP32 fallback" when the build here served the
+    FP32 graph under the INT8 name (its report says so), else when the committed served-form search found none."""
+    from tritonkit import kinds
+
+    spec = kinds.get(name)
+    report = report_path(spec)
+    if report.exists():
+        status = json.loads(report.read_text()).get("status")
+    else:
+        status = (load_recipes(spec) or {}).get("served", {}).get("status")
+    return "FP32 fallback" if status == FALLBACK else "INT8"
+
+
+def floor_summary(name: str) -> str:
+    """One line on the served form's gates, from this build's report: INT8's test-split result beside the
+    half-precision floor and the gate it set, or why the FP32 graph is served, with the floor beside."""
+    from tritonkit import kinds
+
+    spec = kinds.get(name)
+    path = report_path(spec)
+    if not path.exists():
+        return "no INT8 report yet"
+    report = json.loads(path.read_text())
+    half = report.get("floor") or {}
+    floor_test = half.get("test", {})
+    bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
+    cells = []
+    for t in spec.TARGETS:
+        got = report.get("test", {}).get(t.metric)
+        cell = t.metric + (f" {got:.4f}" if got is not None else "")
+        if t.metric in floor_test:
+            cell += f" (floor {floor_test[t.metric]:.4f}, gate {bounds.get(t.metric, t.value):.4f})"
+        cells.append(cell)
+    if "test" in half:
+        where = f"beside the {half['precision']} floor"
+    else:
+        where = f"absolute gates ({half.get('unavailable') or 'a report from before floors: rebuild'})"
+    if report.get("status") == FALLBACK:
+        return f"no INT8 candidate met its gates ({report.get('reason', '')[:160]}); {where}: " + "; ".join(cells)
+    return f"INT8, test split, {where}: " + "; ".join(cells)
+
+
+def all_classes_fall_back(spec) -> bool:
+    """Every CPU class's committed served search found no INT8 candidate: the INT8 name holds FP32 everywhere."""
+    served = (committed_recipes(spec) or {}).get("served") or {}
+    return bool(served) and all(e.get("status") == FALLBACK for e in served.values())
+
+
+# -- replay + gates ------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    form: str
+    path: Path
+    status: str  # "passed", FALLBACK, or "failed" (a committed recipe that misses a gate here)
+    missed: list[str]
+
+
+def form_floor(spec, fp32: Path, form: str) -> dict:
+    """The FP32 graph's metrics at the half precision `form` competes with (tritonkit.int8.floor), logged."""
+    from tritonkit.int8 import floor
+
+    half = floor.measure(spec, fp32, floor.PRECISION[form])
+    if "unavailable" in half:
+        _log(f"{spec.NAME}: no {half['precision']} floor for the {form} form: {half['unavailable']}; absolute gates")
+    else:
+        _log(f"{spec.NAME}: {form} form's {half['precision']} floor (test split): "
+             + ", ".join(f"{t.metric} {half['test'].get(t.metric, float('nan')):.4f}" for t in spec.TARGETS))
+    return half
+
+
+def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
+    """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
+    from tritonkit.int8.checks import artefact_int8_share, quantized_ops
+    from tritonkit.int8.quantize import quantize
+
+    entry = data[form]
+    report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "recipe_file": paths.rel(recipe_path(spec)), "env": envinfo.fingerprint(),
+                    "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
+    from tritonkit.int8 import floor
+
+    half = form_floor(spec, fp32, form)
+    recorded = entry.get("floor") or {}
+    if "unavailable" in half and "test" in recorded:
+        # The floor is the FP32 graph's, not this CPU's: where bf16 cannot run, the one measured where the recipe was
+        # searched stands, so a recipe that passed beside it is not failed here by gates no half precision meets.
+        _log(f"{spec.NAME}: using the {recorded['precision']} floor recorded with the recipe ({half['unavailable']})")
+        half = {**recorded, "recorded": f"measured where the recipe was searched; here: {half['unavailable']}"}
+    targets = {split: floor.targets(spec, floor.split_floor(half, split)) for split in ("validation", "test")}
+    report["floor"] = half
+    # One row per gate: the absolute bound, the floor-judged bound of each split, and the catastrophe bounds.
+    report["gates"] = [{**asdict(t), "absolute": next((a.value for a in spec.TARGETS if a.metric == t.metric), None),
+                        "validation": t.value, "test": targets["test"][i].value}
+                       for i, t in enumerate(targets["validation"])]
+    if form == "served":
+        report["gates"].append({**asdict(spec.SPEED_TARGET)})
+    borrowed, here = entry.get("borrowed_from"), envinfo.int8_class()
+    if borrowed:
+        report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
+
+    def fall_back(reason: str) -> Outcome:
+        write_fp32_fallback(fp32, out, reason)
+        report.update(status=FALLBACK, passed=False, served="fp32", reason=reason)
+        _write_report(spec, form, report)
+        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
+              f"served under the INT8 model's name")
+        return Outcome(form, out, FALLBACK, [])
+
+    if entry["recipe"] is None:
+        return fall_back(entry.get("reason", ""))
+    recipe = Recipe.from_json(entry["recipe"])
+    quant = recipe.to_quant(spec.WEIGHT_OPS, name=f"{spec.NAME}-{form}")
+    t0 = time.perf_counter()
+    tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
+    quantize(fp32, tmp, quant, spec.calibration_batches, spec.calibration_batch_count(), progress)
+    calib_s = time.perf_counter() - t0
+    # TensorRT's INT8 arithmetic is exact: its form is judged so on every CPU (evaluate.session).
+    metrics = {split: Evaluator(spec, fp32, split).metrics(tmp, exact=form == "tensorrt")
+               for split in ("validation", "test")}
+    speed = speedup(spec, fp32, tmp, spec.SPEED_BATCHES) if form == "served" else {}
+    miss = [f"{split}: {m}" for split in metrics for m in missed(targets[split], metrics[split])]
+    if form == "served" and not spec.SPEED_TARGET.met(speed):
+        miss += missed([spec.SPEED_TARGET], speed)
+    share = artefact_int8_share(tmp, spec.WEIGHT_OPS)
+    if form == "tensorrt" and share < MIN_TENSORRT_INT8_SHARE:  # GPU speed is not measurable here; compute is
+        miss.append(f"int8_mac_share {share:.3f} < {MIN_TENSORRT_INT8_SHARE:.3f}: the FP16 plan would be faster")
+    if miss and borrowed:  # no recipe was ever searched for this CPU's kernels: FP32 here, not a failed build
+        tmp.unlink()
+        report.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+                      test=metrics["test"], speed=speed, missed_here=miss)
+        return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
+                         f"{here} CPU ({'; '.join(miss)}); search this CPU's with "
+                         f"`make int8-search MODEL={spec.NAME} FORM=served` and commit it")
+    tmp.replace(out)
+    report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
+                  recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+                  test=metrics["test"], speed=speed, int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out),
+                  quantize_s=round(calib_s, 1))
+    _write_report(spec, form, report)
+    return Outcome(form, out, report["status"], miss)
+
+
+PRECISION_KEY = "tritonkit_precision"  # ONNX metadata of an FP32 graph under an INT8 name (the backend warns)
+
+
+def write_fp32_fallback(fp32: Path, out: Path, reason: str) -> None:
+    """The FP32 graph, marked in its ONNX metadata, so that the server's log says what it serves on this machine
+    even where the committed config cannot (a fallback of this CPU class only)."""
+    import onnx
+
+    model = onnx.load(str(fp32))
+    del model.metadata_props[:]
+    model.metadata_props.add(key=PRECISION_KEY, value=f"fp32-fallback: {reason}")
+    onnx.save(model, str(out))
+
+
+def _search_summary(spec, form: str) -> dict:
+    """The search's steps and float units, from its report when this machine ran it."""
+    path = REPORTS / f"{spec.NAME}_int8_search.json"
+    if not path.exists():
+        return {"note": f"search report not on this machine; re-run with `{search_command(spec)}`"}
+    full = json.loads(path.read_text())["search"].get(form, {})
+    return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed")}
+
+
+def _loud(msg: str) -> None:
+    bar = "!" * 100
+    print(f"{bar}\n[int8] WARNING: {msg}\n{bar}", file=sys.stderr, flush=True)
+
+
+def _write_report(spec, form: str, report: dict) -> None:
+    from tritonkit.export import write_json
+
+    path = report_path(spec, form)
+    write_json(path, report)
+    path.with_suffix(".md").write_text(render_markdown(report))
+    print(render_markdown(report), flush=True)
+
+
+# -- reading reports back (serve, demo, docs) ----------------------------------------------------------------
+
+def served_problems(spec) -> list[str]:
+    """Why the served INT8 model of `spec` must not be served here (empty: fine). FP32 fallback is allowed."""
+    path = report_path(spec)
+    fix = f"run `make build` (replays models/{spec.NAME}.int8.json) or `{search_command(spec)}`"
+    if not path.exists():
+        return [f"{spec.NAME}: no INT8 report ({paths.rel(path)}); {fix}"]
+    report = json.loads(path.read_text())
+    if report.get("status") == FALLBACK:
+        return []
+    problems = []
+    if not report.get("passed"):
+        problems.append(f"{spec.NAME}: INT8 missed {', '.join(report.get('missed', [])) or 'its gates'}; "
+                        f"re-run the search: `{search_command(spec)}`")
+    diffs = envinfo.differences(report.get("env", {}))
+    if diffs:
+        problems.append(f"{spec.NAME}: INT8 report was made with {'; '.join(diffs)}; {fix}")
+    return problems
+
+
+def _floor_lines(report: dict) -> list[str]:
+    """Gates beside the half-precision floor: absolute bound, floor, the bound judged against it, INT8's result."""
+    half = report.get("floor") or {}
+    if "unavailable" in half:
+        head = [f"No {half.get('precision')} floor here ({half['unavailable']}): the absolute gates decide.", ""]
+    elif half:
+        head = [f"Floor: the FP32 graph at {half['precision']} ({half.get('how')}), scored like INT8. A gate passes "
+                "within the kind's slack of the floor or at the absolute bound, whichever is looser, never below the "
+                "catastrophe bounds (tritonkit.int8.floor).", ""]
+    else:
+        head = []
+    lines = [*head, "| gate | absolute | floor val / test | bound val / test | INT8 val / test |",
+             "|---|---|---|---|---|"]
+    for g in report["gates"]:
+        m = g["metric"]
+        if m == "int8_speedup":
+            lines.append(f"| {m} {g['op']} | {g['value']} | | | {_f(report.get('speed', {}).get(m))} |")
+            continue
+        floor = " / ".join(_f((half.get(split) or {}).get(m)) for split in ("validation", "test")) if half else ""
+        bound = f"{g.get('validation', g['value'])} / {g.get('test', g['value'])}"
+        got = " / ".join(_f(report.get(split, {}).get(m)) for split in ("validation", "test"))
+        absolute = g.get("absolute", g["value"])
+        lines.append(f"| {m} {g['op']} | {'catastrophe only' if absolute is None else absolute} | {floor} | {bound} "
+                     f"| {got} |")
+    return lines
+
+
+def render_markdown(report: dict) -> str:
+    """A readable page: gates, metrics per split, speed per batch, float units and the search's steps."""
+    lines = [f"# {report['model']} INT8 ({report['form']} form): {report['status'].upper()}", ""]
+    env = report.get("env", {})
+    lines += [f"Made {report['created']} with {', '.join(f'{k} {v}' for k, v in env.get('packages', {}).items())}; "
+              f"CPU INT8 features: {', '.join(env.get('cpu_int8_features', [])) or 'none'}.", ""]
+    if report.get("served") == "fp32":
+        lines += [f"**No INT8 candidate passed; the FP32 model is served.** {report.get('reason', '')}", ""]
+    else:
+        lines += [f"Recipe: `{report.get('recipe_summary')}` from `{report['recipe_file']}`.", ""]
+        lines += _floor_lines(report)
+        speed = report.get("speed", {})
+        if speed:
+            lines += ["", "| batch | FP32 ms | INT8 ms | speed-up |", "|---|---|---|---|"]
+            for k in speed:
+                if k.startswith("speedup_batch"):
+                    b = k.removeprefix("speedup_batch")
+                    lines.append(f"| {b} | {speed[f'fp32_ms_batch{b}']:.2f} | {speed[f'int8_ms_batch{b}']:.2f} | "
+                                 f"{speed[k]:.2f} |")
+        float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
+        lines += ["", f"Kept in float ({len(float_nodes)}): " + (", ".join(f"`{n}`" for n in float_nodes) or "none")]
+        if report.get("int8_mac_share") is not None:
+            lines += ["", f"Weighted multiply-accumulates in INT8: {report['int8_mac_share']:.1%}."]
+        if report.get("missed"):
+            lines += ["", "Missed: " + "; ".join(report["missed"])]
+    search = report.get("search", {})
+    if search.get("steps"):
+        lines += ["", f"## Search ({search.get('seconds')} s on the validation split)", "",
+                  "| stage | change | recipe | distortion | passed | speed-up |", "|---|---|---|---|---|---|"]
+        for s in search["steps"]:
+            lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {s['distortion']:.3f} | "
+                         f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
+        lines += ["", "Time by stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())]
+        for sens in search.get("sensitivity") or []:
+            top = sens["units"][:8]
+            lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
+                      + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
+    return "\n".join(lines) + "\n"
+
+
+def stage_seconds(search: dict) -> dict[str, float]:
+    """Where a search's time went: its measured steps by stage, the sensitivity scans, and the rest (calibration
+    outside steps, the final speed and test-split runs)."""
+    out: dict[str, float] = {}
+    for s in search.get("steps") or []:
+        out[s["stage"]] = out.get(s["stage"], 0.0) + s.get("seconds", 0.0)
+    out["sensitivity"] = sum(x.get("seconds", 0.0) for x in search.get("sensitivity") or [])
+    out["other"] = max(0.0, (search.get("seconds") or 0.0) - sum(out.values()))
+    return out
+
+
+def _f(v) -> str:
+    return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def check_all(names: list[str] | None = None) -> list[str]:
+    """Problems of every registered model's served INT8 (empty: all may be served)."""
+    from tritonkit import kinds
+
+    return [p for name in (names or kinds.names()) for p in served_problems(kinds.get(name))]
+
+
+README_MARKERS = ("<!-- int8-results:begin (python -m tritonkit.int8.recipe docs) -->", "<!-- int8-results:end -->")
+
+
+def docs_page(cpu: str) -> Path:
+    """The full reports of one CPU INT8 class: docs/int8.md for VNNI (the reference machine), docs/int8-<class>.md
+    for the others."""
+    return paths.ROOT / "docs" / ("int8.md" if cpu == "vnni" else f"int8-{cpu}.md")
+
+
+def _class_tables(block: str) -> dict[str, str]:
+    """CPU class -> its table in README's INT8 block (each starts with a "CPU INT8 class `x`" line)."""
+    import re
+
+    heads = list(re.finditer(r"^CPU INT8 class `(\w+)`", block, flags=re.M))
+    return {m.group(1): block[m.start(): heads[i + 1].start() if i + 1 < len(heads) else len(block)].strip()
+            for i, m in enumerate(heads)}
+
+
+def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Path:
+    """This CPU class's page of full reports (docs_page) and its table in README's INT8 block, from
+    build/reports/; the other classes' tables stay as their machines wrote them."""
+    import hashlib
+
+    from tritonkit import kinds
+
+    cpu = envinfo.int8_class()
+    out = out or docs_page(cpu)
+
+    lock = paths.ROOT / "requirements.lock"
+    lock_id = f"requirements.lock sha256 {hashlib.sha256(lock.read_bytes()).hexdigest()[:12]}" if lock.exists() \
+        else "no lock file"
+    env = envinfo.fingerprint()
+    head = (f"Regenerated by `python -m tritonkit.int8.recipe docs` from build/reports/ on "
+            f"{time.strftime('%Y-%m-%d')}; environment {lock_id}; CPU INT8 features "
+            f"{', '.join(env['cpu_int8_features']) or 'none'} ({env['machine']}).")
+    earlier = _search_sections(out.read_text()) if out.exists() else {}
+    pages, rows = [f"# INT8 results\n\n{head}\n"], []
+    for name in kinds.names():
+        spec = kinds.get(name)
+        for form in FORMS:
+            path = report_path(spec, form)
+            if not path.exists():
+                continue
+            report = json.loads(path.read_text())
+            page = render_markdown(report).replace("# ", "## ", 1)
+            if not (report.get("search") or {}).get("steps") and (spec.NAME, form) in earlier:
+                page += ("\n_Search log of an earlier run (kept from the previous "
+                         f"{paths.rel(out)}; this build replayed the committed recipe):_\n\n"
+                         + earlier[spec.NAME, form])
+            pages.append(page)
+            test, half = report.get("test", {}), (report.get("floor") or {}).get("test", {})
+            bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
+            # Result, then the floor and the bound it sets (a bare result: no floor on this CPU, absolute gates).
+            accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}"
+                                 + (f" (floor {half[t.metric]:.4f}, gate {bounds.get(t.metric, t.value):.4f})"
+                                    if t.metric in half else "") for t in spec.TARGETS if t.metric in test)
+            speed = report.get("speed", {}).get("int8_speedup")
+            rows.append(f"| {spec.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "
+                        f"{accuracy or '-'} | {f'{speed:.2f}x' if speed else '-'} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(pages))
+    page = paths.rel(out)
+    table = "\n".join([f"CPU INT8 class `{cpu}`. {head}", "",
+                       "| model | form | status | recipe | test split: INT8 (half-precision floor, gate) | "
+                       "INT8 vs FP32 (slowest batch) |",
+                       "|---|---|---|---|---|---|", *rows, "", f"Full reports and the search steps: [{page}]({page})."])
+    text = readme.read_text()
+    begin, end = README_MARKERS
+    if begin in text and end in text:
+        tables = _class_tables(text[text.index(begin) + len(begin): text.index(end)])
+        tables[cpu] = table
+        block = "\n\n".join(tables[c] for c in sorted(tables, key=lambda c: (c != "vnni", c)))
+        text = text[: text.index(begin) + len(begin)] + "\n" + block + "\n" + text[text.index(end):]
+        readme.write_text(text)
+    return out
+
+
+def _search_sections(text: str) -> dict[tuple[str, str], str]:
+    """(model, form) -> the search part ("## Search (...)" onwards) of each model's section of a docs page, so a
+    regeneration from replayed reports (no search log) keeps the last search it documented."""
+    import re
+
+    out: dict[tuple[str, str], str] = {}
+    heads = list(re.finditer(r"^## (\S+) INT8 \((\w+) form\)", text, flags=re.M))
+    for i, m in enumerate(heads):
+        section = text[m.start(): heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        marker = re.search(r"^(_Search log of an earlier run.*\n\n)?## Search \(", section, flags=re.M)
+        if marker:
+            out[m.group(1), m.group(2)] = section[marker.start() + len(marker.group(1) or ""):].rstrip() + "\n"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tritonkit.int8.recipe", description="INT8 gates and reports")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    check = sub.add_parser("check", help="refuse (exit 2) an INT8 model that must not be served here")
+    check.add_argument("models", nargs="*", help="build targets (default: all)")
+    sub.add_parser("docs", help="regenerate this CPU class's INT8 page (docs/int8.md for VNNI) and README table")
+    args = parser.parse_args(argv)
+    if args.cmd == "docs":
+        print(f"wrote {paths.rel(docs())}")
+        return 0
+    problems = check_all(args.models or None)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

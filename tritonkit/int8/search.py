@@ -1,0 +1,712 @@
+"""Accuracy-aware INT8 search: finds a model's quantization recipe with no person in the loop.
+
+    python -m tritonkit.build <model> --search        (re-run after a model, data or dependency change)
+
+For one activation form (the CPU-served one, or TensorRT's symmetric INT8) the search
+1. measures the starting knobs (Q/DQ placement, activation form) on the *validation* split, then tries the knobs
+   that matter one at a time, keeping what helps: SmoothQuant alpha for MatMul models, bias correction or GPTQ
+   weight rounding for conv models, the calibration method where onnxruntime allows it (histogram calibrators
+   need equal-shape feeds);
+2. ranks every quantizable unit (a node with a constant weight, or a block of them when a graph has many) by its
+   sensitivity: how much the validation metrics recover when that unit alone stays float;
+3. puts the most sensitive units back in float, cumulatively, until every gate holds on the validation split (with
+   a margin): the shortest such prefix of the ranking, found by galloping then bisecting, is the fastest candidate;
+4. measures INT8 against FP32 at the served batch sizes and keeps the fastest track that passes; then confirms the
+   winner once on the *test* split, which played no part in any choice.
+Calibration is done once per prepared graph and method; each candidate only re-quantizes with the same ranges
+(seconds), so a search costs minutes. The outcome is a `Recipe` (data), committed beside the model's facts and
+replayed by an ordinary build.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tritonkit.errors import SearchError
+from tritonkit.int8.checks import int8_share
+from tritonkit.int8.evaluate import run_batches, session
+from tritonkit.int8.settings import QuantRecipe
+from tritonkit.kinds.gates import Target, missed
+
+PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
+# A strongly typed TensorRT network runs a Q/DQ graph's float nodes in FP32: at a quarter of INT8's tensor-core
+# rate and half FP16's, an INT8 plan beats the FP16 plan only with over 2/3 of its multiply-accumulates in INT8.
+MIN_TENSORRT_INT8_SHARE = 2 / 3
+
+Feeds = dict[str, np.ndarray]
+
+
+# -- what a model kind supplies ------------------------------------------------------------------------------
+
+class SearchSpec(Protocol):
+    NAME: str
+    WEIGHT_OPS: Sequence[str]  # op types with constant weights that run in INT8 (MatMul, Conv, Gemm)
+    TARGETS: Sequence[Target]  # accuracy gates
+    SPEED_TARGET: Target  # INT8 vs FP32 at the served batch sizes ("int8_speedup")
+    SPEED_BATCHES: Sequence[int]
+    SERVE_THREADS: int
+
+    def calibration_batches(self): ...
+    def calibration_batch_count(self) -> int: ...
+    def eval_batches(self, split: str) -> list[Feeds]: ...
+    def gate_metrics(self, ref: np.ndarray, got: np.ndarray) -> dict[str, float]: ...
+    def speed_feeds(self, batch: int) -> Feeds: ...
+
+
+# -- scoring -------------------------------------------------------------------------------------------------
+
+def slack(target: Target, metrics: dict[str, float]) -> float:
+    """Distance to a gate in units of its scale: >= 0 passes."""
+    got = metrics.get(target.metric, float("-inf") if target.op == ">=" else float("inf"))
+    gap = got - target.value if target.op == ">=" else target.value - got
+    return gap / target_scale(target)
+
+
+def target_scale(target: Target) -> float:
+    """How much of a metric is 'one gate': the distance from the gate to perfect (1.0) for >= gates near 1."""
+    if target.scale:
+        return target.scale
+    if target.op == ">=" and 0 < target.value < 1:
+        return 1.0 - target.value
+    return abs(target.value) or 1.0
+
+
+def distortion(targets: Sequence[Target], metrics: dict[str, float]) -> float:
+    """Continuous badness used to rank candidates and units: summed gate-normalised shortfall (not clipped, so it
+    keeps ranking once every gate passes)."""
+    return float(sum(-slack(t, metrics) for t in targets))
+
+
+def passes(targets: Sequence[Target], metrics: dict[str, float], margin: float = 0.0) -> bool:
+    # A gate at perfection (e.g. 100 % agreement) has no room for a margin.
+    return all(slack(t, metrics) >= (margin if t.value < 1 else 0.0) for t in targets)
+
+
+# -- the outcome ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Recipe:
+    """A searched recipe: the knobs and the units kept in float. Committed; `to_quant` rebuilds the QuantRecipe."""
+
+    form: str  # "int8" (symmetric, zero points 0: TensorRT) or "uint8" (onnxruntime's CPU form)
+    placement: str  # "inputs": Q/DQ on weighted ops' inputs only; "all": every op onnxruntime quantizes
+    calibrate_method: str = "minmax"
+    smooth_alpha: float | None = None
+    bias_correction: bool = False
+    weight_rounding: str = "nearest"
+    float_nodes: list[str] = field(default_factory=list)
+    extra_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_quant(self, weight_ops: Sequence[str], name: str = "searched") -> QuantRecipe:
+        inputs = self.placement == "inputs"
+        return QuantRecipe(
+            name=name,
+            calibrate_method=self.calibrate_method,
+            op_types=list(weight_ops) if inputs else None,
+            nodes_to_exclude=list(self.float_nodes),
+            quantize_outputs=not inputs,
+            isolate_inputs=inputs,
+            smooth_alpha=self.smooth_alpha,
+            bias_correction=self.bias_correction,
+            weight_rounding=self.weight_rounding,
+            activation_type=self.form,
+            extra_options=dict(self.extra_options),
+            rationale="found by tritonkit.int8.search (see the search report)",
+        )
+
+    def describe(self) -> str:
+        parts = [self.form, self.placement, self.calibrate_method]
+        if self.smooth_alpha is not None:
+            parts.append(f"smooth{self.smooth_alpha}")
+        if self.bias_correction:
+            parts.append("biascorr")
+        if self.weight_rounding != "nearest":
+            parts.append(self.weight_rounding)
+        return "-".join(parts) + f" +{len(self.float_nodes)} float"
+
+    @classmethod
+    def from_json(cls, data: dict) -> Recipe:
+        return cls(**data)
+
+
+@dataclass
+class Step:
+    stage: str
+    change: str
+    recipe: str
+    metrics: dict[str, float]
+    distortion: float
+    passed: bool
+    speedup: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class SearchResult:
+    form: str
+    recipe: Recipe | None  # None: nothing passed; the FP32 model is served
+    validation: dict[str, float]
+    test: dict[str, float]
+    speed: dict[str, float]
+    steps: list[Step]
+    sensitivity: list[dict]
+    best_failed: list[dict]
+    seconds: float
+    passed: bool
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
+
+
+# -- evaluation ----------------------------------------------------------------------------------------------
+
+class Evaluator:
+    """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""
+
+    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1,
+                 extra_rows: dict[int, list[int]] | None = None):
+        self.spec, self.split = spec, split
+        batches = spec.eval_batches(split)
+        # Every stride-th batch: a cheaper sample for ranking many candidates; gates always use the whole split.
+        self.batches = [batches[i] for i in range(0, len(batches), stride)]
+        # Plus, from the other batches, only the rows `extra_rows` names ({batch: rows}): the outliers that decide
+        # worst-case gates ride along at the cost of those rows, not of their whole batches.
+        for i, rows in sorted((extra_rows or {}).items()):
+            if i % stride:
+                self.batches.append({k: v[rows] for k, v in batches[i].items()})
+        self.ref = run_batches(session(fp32), self.batches)
+
+    def metrics(self, model, exact: bool = False) -> dict[str, float]:
+        return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))
+
+    def worst_rows(self, model, share: float = 0.01, exact: bool = False) -> dict[int, list[int]]:
+        """{batch index: row indices} of the `share` of rows `model` gets most wrong (relative L2 error), so a
+        sample can carry the outliers that decide worst-case gates."""
+        got = run_batches(session(model, exact=exact), self.batches)
+        err = np.linalg.norm(got - self.ref, axis=1) / np.maximum(np.linalg.norm(self.ref, axis=1), 1e-12)
+        bounds = np.cumsum([len(next(iter(b.values()))) for b in self.batches])
+        out: dict[int, list[int]] = {}
+        for row in sorted(int(r) for r in np.argsort(-err)[: max(1, int(len(err) * share))]):
+            batch = int(np.searchsorted(bounds, row, side="right"))
+            out.setdefault(batch, []).append(row - (int(bounds[batch - 1]) if batch else 0))
+        return out
+
+
+def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 7,
+            min_sample_s: float = 0.02) -> dict[str, float]:
+    """INT8 ÷ FP32 throughput per batch size, single-instance threads as served, runs interleaved (median).
+
+    Each sample loops a run until it lasts `min_sample_s`: a small model's single run takes tens of microseconds,
+    where the timer and the scheduler decide the ratio."""
+    sessions = {"fp32": session(fp32, spec.SERVE_THREADS), "int8": session(model, spec.SERVE_THREADS)}
+    out: dict[str, float] = {}
+    for batch in batches:
+        feeds = spec.speed_feeds(batch)
+        loops: dict[str, int] = {}
+        for k, s in sessions.items():
+            s.run(None, feeds)
+            t0 = time.perf_counter()
+            s.run(None, feeds)
+            loops[k] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-6)))
+        n = max(loops.values())  # the same loop count for both, so each sample costs them alike
+        times: dict[str, list[float]] = {k: [] for k in sessions}
+        for _ in range(repeats):
+            for k, s in sessions.items():
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    s.run(None, feeds)
+                times[k].append((time.perf_counter() - t0) / n)
+        fp32_ms, int8_ms = (float(np.median(times[k])) * 1e3 for k in ("fp32", "int8"))
+        out[f"fp32_ms_batch{batch}"] = fp32_ms
+        out[f"int8_ms_batch{batch}"] = int8_ms
+        out[f"speedup_batch{batch}"] = fp32_ms / int8_ms
+    out["int8_speedup"] = min(v for k, v in out.items() if k.startswith("speedup_batch"))
+    return out
+
+
+# -- units ---------------------------------------------------------------------------------------------------
+
+def quantizable_nodes(model_path: Path, weight_ops: Sequence[str]) -> list[str]:
+    """Nodes of the INT8 op types (MatMul, Conv, Gemm): with constant weights, or two activations (attention)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type in weight_ops]
+
+
+def families(model_path: Path, weight_ops: Sequence[str]) -> dict[str, list[str]]:
+    """Nodes that share a structural role, offered to the search as one unit each (besides the single nodes):
+    depthwise convolutions (group == channels: little INT8 gain, the usual accuracy loss) and MatMuls of two
+    activations (attention scores and mixing)."""
+    import onnx
+    from onnx import helper
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    constants = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant"
+                                                       for o in n.output}
+    out: dict[str, list[str]] = {"family:depthwise-conv": [], "family:activation-matmul": []}
+    for n in graph.node:
+        if n.op_type not in weight_ops:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "Conv" and attrs.get("group", 1) > 1:
+            out["family:depthwise-conv"].append(n.name)
+        if n.op_type == "MatMul" and not any(i in constants for i in n.input):
+            out["family:activation-matmul"].append(n.name)
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def group_units(nodes: Sequence[str], max_units: int) -> dict[str, list[str]]:
+    """One unit per node or, when there are too many for a one-at-a-time scan to stay cheap, one per block (the
+    name up to its first indexed path segment) and one per role across blocks (that name with the index
+    wildcarded, e.g. every layer's FFN output): sensitivity concentrates in either, and units may overlap."""
+    import re
+
+    if len(nodes) <= max_units:
+        return {n: [n] for n in nodes}
+    blocks: dict[str, list[str]] = {}
+    roles: dict[str, list[str]] = {}
+    for n in nodes:
+        parts = n.strip("/").split("/")
+        i = next((i for i, p in enumerate(parts) if re.search(r"[._]\d+$", p)), None)
+        if i is None:
+            blocks.setdefault(n, []).append(n)
+            continue
+        blocks.setdefault("/".join(parts[: i + 1]), []).append(n)
+        role = "/".join([*parts[:i], re.sub(r"\d+$", "*", parts[i]), *parts[i + 1:]])
+        roles.setdefault(f"role:{role}", []).append(n)
+    return {**blocks, **{k: v for k, v in roles.items() if len(v) > 1}}
+
+
+# -- the search ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Track:
+    """One starting point (form × placement) carried through knobs, sensitivity and fallback."""
+
+    recipe: Recipe
+    metrics: dict[str, float]
+    distortion: float
+    scored_on: Evaluator | None = None  # the sample its start was measured on (replaced between tracks)
+
+
+class Workspace:
+    """What searches of one model share: prepared graphs, calibrated ranges, the validation references. The
+    TensorRT form's graphs and ranges are the served search's int8/inputs ones, so the second search calibrates
+    nothing new."""
+
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="tritonkit-search-")
+        self.prepared: dict[tuple, Any] = {}
+        self.ranges: dict[tuple, Any] = {}
+        self.digests: dict[Path, str] = {}
+        self.val: Evaluator | None = None
+
+    def close(self) -> None:
+        self.tmp.cleanup()
+
+
+class Search:
+    def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
+                 max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
+                 budget_s: float | None = None, progress: bool = True, log: Callable = print,
+                 workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None,
+                 floor: dict | None = None):
+        from tritonkit.int8 import floor as floors
+
+        self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
+        # The gates of each split, judged against the FP32 graph's half-precision floor there (tritonkit.int8.floor).
+        self.floor = floor
+        self.targets = {split: floors.targets(spec, floors.split_floor(floor, split))
+                        for split in ("validation", "test")}
+        self.form = "/".join(self.forms)
+        self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
+        self.exact = exact  # judge candidates by exact INT8 arithmetic (a GPU form), not this CPU's kernels
+        # Without a speed gate, compute stands in for speed (MIN_TENSORRT_INT8_SHARE); with one, speed decides.
+        self.min_int8_share = (0.0 if check_speed else MIN_TENSORRT_INT8_SHARE) if min_int8_share is None \
+            else min_int8_share
+        self.max_variants = max_variants  # only the best-scoring knob variants get the fallback
+        self.progress, self.log, self.sample_stride = progress, log, sample_stride
+        self.budget_s = budget_s  # wall-clock cap: past it the search stops adding work and reports what it has
+        self._deadline = float("inf")
+        # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
+        self.rank_targets = [*self.targets["validation"], *getattr(spec, "PROXY_TARGETS", [])]
+        self.steps: list[Step] = []
+        self.sensitivity: list[dict] = []
+        self._own = workspace is None  # a workspace passed in outlives this search; its owner closes it
+        self.ws = workspace or Workspace()
+        self._sample: Evaluator | None = None
+
+    # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
+    def _prepare(self, r: Recipe):
+        from tritonkit.int8.transforms import prepare
+
+        key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
+        if key not in self.ws.prepared:
+            work = Path(self.ws.tmp.name) / f"prep{len(self.ws.prepared)}"
+            work.mkdir()
+            self.ws.prepared[key] = prepare(self.fp32, r.to_quant(self.spec.WEIGHT_OPS),
+                                          self.spec.calibration_batches, work, self.spec.calibration_batch_count())
+        return self.ws.prepared[key]
+
+    def _calibrate(self, r: Recipe):
+        from tritonkit.int8.calibration import calibrate, with_isolated_copies
+
+        prepared = self._prepare(r)
+        # Keyed by the calibrated graph's content: placements whose graphs differ only by input isolation share it.
+        key = (self._digest(prepared.base or prepared.path), r.calibrate_method, json.dumps(r.extra_options))
+        if key not in self.ws.ranges:
+            self.ws.ranges[key] = calibrate(prepared, r.to_quant(self.spec.WEIGHT_OPS), self.spec.calibration_batches,
+                                          prepared.path.parent, self.spec.calibration_batch_count(), self.progress)
+        return with_isolated_copies(self.ws.ranges[key], prepared)
+
+    def _digest(self, path: Path) -> str:
+        import hashlib
+
+        import onnx
+
+        if path not in self.ws.digests:
+            self.ws.digests[path] = hashlib.sha256(onnx.load(str(path)).SerializeToString()).hexdigest()
+        return self.ws.digests[path]
+
+    def build(self, r: Recipe):
+        from tritonkit.int8.quantize import quantize_prepared
+
+        return quantize_prepared(self._prepare(r), self._calibrate(r), r.to_quant(self.spec.WEIGHT_OPS),
+                                 r.float_nodes, check=False)
+
+    @property
+    def val(self) -> Evaluator:
+        if self.ws.val is None:
+            self.ws.val = Evaluator(self.spec, self.fp32, "validation")
+        return self.ws.val
+
+    @property
+    def early_speed(self) -> float:
+        """Quick single-batch timings drop a candidate only well below the speed gate (shared machines are noisy);
+        the gate itself is judged on the served batch sizes at the end."""
+        return 0.8 * self.spec.SPEED_TARGET.value
+
+    @property
+    def sample(self) -> Evaluator:
+        """A third of the validation split, for the one-unit-at-a-time sensitivity scan."""
+        if self._sample is None:
+            self._sample = Evaluator(self.spec, self.fp32, "validation", stride=self.sample_stride)
+        return self._sample
+
+    def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
+                evaluator: Evaluator | None = None) -> Step | None:
+        """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph."""
+        from tritonkit.errors import QuantizationError
+
+        t0 = time.perf_counter()
+        try:
+            model = self.build(r)
+        except QuantizationError as exc:
+            self.log(f"  {stage:<11} {change:<42} rejected: {exc}")
+            self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
+                                   round(time.perf_counter() - t0, 1)))
+            return None
+        metrics = (evaluator or self.val).metrics(model, exact=self.exact)
+        sp = None
+        if speed and self.check_speed:
+            sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3)["int8_speedup"]
+        step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
+                    passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
+        self.steps.append(step)
+        self.log(f"  {stage:<11} {change:<42} {_summary(self.targets['validation'], metrics)}"
+                 + (f" speed x{sp:.2f}" if sp is not None else "") + (" PASS" if step.passed else ""))
+        return step
+
+    def spent(self) -> bool:
+        return time.perf_counter() > self._deadline
+
+    def int8_share(self, r: Recipe) -> float:
+        """The share of the weighted multiply-accumulates `r` leaves in INT8 (on its prepared graph, where merged
+        MatMuls carry their new names)."""
+        return int8_share(self._prepare(r).macs(self.spec.WEIGHT_OPS), r.float_nodes)
+
+    def _applicable_methods(self) -> list[tuple[str, dict]]:
+        """Histogram calibrators concatenate every batch's tensors: they need equal-shape calibration feeds."""
+        shapes = {tuple(v.shape for v in b.values()) for b in self.spec.calibration_batches()}
+        methods = [("minmax", {})]
+        if len(shapes) == 1:
+            methods += [("percentile", {"CalibPercentile": 99.999}), ("entropy", {})]
+        return methods
+
+    def start(self) -> list[Track]:
+        # TensorRT's form is placed on weighted ops' inputs only (the placement its explicit-quantization fuses).
+        placements = ["inputs", "all"] if self.check_speed else ["inputs"]
+        tracks, slow = [], {}
+        for form in self.forms:
+            for placement in placements:
+                r = Recipe(form=form, placement=placement)
+                # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
+                step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
+                                    evaluator=self.sample)
+                if step is None:
+                    continue
+                if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
+                    self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
+                    continue
+                tracks.append(Track(r, step.metrics, step.distortion, self.sample))
+                slow[r.describe()] = self.check_speed and step.speedup is not None and \
+                    step.speedup < self.spec.SPEED_TARGET.value
+        # Units put back in float only slow a graph down: a start already under the speed gate goes last, whatever
+        # its accuracy (Lite0's uint8/inputs start ran 1.07x and took a whole budget; uint8/all ran 1.89x).
+        tracks.sort(key=lambda t: (slow[t.recipe.describe()], t.distortion))
+        return tracks[: self.max_tracks]
+
+    def variants(self, track: Track) -> list[tuple[str, Recipe]]:
+        """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction or GPTQ
+        weight rounding (conv models), the calibration method (where the feeds allow histograms)."""
+        ops = set(self.spec.WEIGHT_OPS)
+        out = [("as started", track.recipe)]
+        if "MatMul" in ops:
+            out += [(f"smooth_alpha={a}", replace(track.recipe, smooth_alpha=a)) for a in (0.5, 0.8)]
+        if "Conv" in ops:
+            out.append(("bias_correction", replace(track.recipe, bias_correction=True)))
+            out.append(("weight_rounding=gptq", replace(track.recipe, weight_rounding="gptq")))
+        methods = self._applicable_methods()[1:]
+        out += [(f"{name} + calibrate={m}", replace(r, calibrate_method=m, extra_options=x))
+                for name, r in list(out) for m, x in methods]
+        return out
+
+    def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
+        from tqdm import tqdm
+
+        from tritonkit.errors import QuantizationError
+
+        nodes = quantizable_nodes(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS)
+        if not nodes:
+            raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node to quantize")
+        units = {**families(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS),
+                 **group_units(nodes, self.max_units)}
+        t0 = time.perf_counter()
+        base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe), exact=self.exact))
+        ranked = []
+        for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
+                                  disable=not self.progress):
+            if self.spent():
+                self.log(f"  budget spent: sensitivity ranked for {len(ranked)} of {len(units)} units")
+                break
+            try:
+                model = self.build(replace(track.recipe, float_nodes=members))
+            except QuantizationError:
+                continue
+            gain = base - distortion(self.rank_targets, self.sample.metrics(model, exact=self.exact))
+            ranked.append((unit, members, gain))
+        ranked.sort(key=lambda u: -u[2])
+        self.sensitivity.append({"recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
+                                 "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
+        return ranked
+
+    def fallback(self, name: str, start: Recipe, ranked, max_float: int | None = None) -> Recipe | None:
+        """The shortest prefix of the sensitivity ranking that, kept in float, makes every gate hold (with the
+        margin). Found on the validation sample by galloping (1, 2, 4, ... units float) and then bisecting, so a
+        prefix of n units costs about 2 log2(n) candidates, not n; then confirmed on the whole validation split,
+        adding units one at a time while it does not hold there yet.
+        `max_float`: a candidate already passed with that many float nodes; one with as many cannot be faster, so
+        only the longest prefix under it is tried first and, when that misses, nothing shorter is."""
+        # Past half the units in float a CPU form cannot meet its speed gate; a form without one (TensorRT's,
+        # whose speed is the GPU's) may go down the whole ranking.
+        budget = ranked[: max(1, len(ranked) // 2)] if self.check_speed else ranked
+        prefixes: list[tuple[str, Recipe]] = [("", start)]
+        for unit, members, _gain in budget:
+            r = prefixes[-1][1]
+            if set(members) <= set(r.float_nodes):
+                continue  # already float through a family
+            r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
+            if max_float is not None and len(r.float_nodes) >= max_float:
+                break
+            if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
+                self.log(f"  {name}: prefixes stop before {unit}: under {self.min_int8_share:.0%} of the "
+                         "multiply-accumulates would stay INT8")
+                break
+            prefixes.append((unit, r))
+        last = len(prefixes) - 1
+        scored: dict[int, Step | None] = {}
+
+        def score(k: int, whole: bool = False) -> Step | None:
+            unit, r = prefixes[k]
+            change = name if not k else f"{name} +float {unit}" if k == 1 else f"{name} +{k} units float, to {unit}"
+            if whole:
+                return self.measure("fallback", change, r)
+            if k not in scored:
+                scored[k] = self.measure("fallback", change, r, evaluator=self.sample)
+            return scored[k]
+
+        def ok(step: Step | None) -> bool:
+            return step is not None and step.passed
+
+        def spent() -> bool:
+            if self.spent():
+                self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
+            return self.spent()
+
+        def buildable(k: int) -> int:
+            """The longest prefix up to k the form accepts; past a rejected one (every unit float: nothing left
+            to quantize) no longer prefix builds either, so those are dropped."""
+            nonlocal last
+            while k > 0 and score(k) is None and not self.spent():
+                last = k = k - 1
+            return k
+
+        lo, hi = -1, None  # the longest prefix that missed on the sample, the shortest that passed
+        if ok(score(0)):
+            hi = 0
+        elif max_float is not None:
+            if spent():
+                return None
+            if buildable(last) == 0 or not ok(score(last)):
+                self.log(f"  stopped: no candidate under {max_float} float nodes passes")
+                return None
+            lo, hi = 0, last
+        else:
+            lo, k, best, stale = 0, 1, scored[0].distortion if scored[0] else float("inf"), 0
+            while lo < last:
+                k = buildable(min(k, last))
+                if spent():
+                    return None
+                if k <= lo:
+                    break
+                step = scored[k]
+                if ok(step):
+                    hi = k
+                    break
+                lo = k
+                best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
+                if stale >= PATIENCE:
+                    self.log(f"  stopped: no improvement in {PATIENCE} doublings of the float units")
+                    return None
+                k *= 2
+            if hi is None:
+                return None
+        while hi - lo > 1:
+            if spent():
+                return None
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ok(score(mid)) else (mid, hi)
+        # Passed on the sample: the whole split decides from here on.
+        step = self.measure("confirm", f"{name} on all validation", prefixes[hi][1], speed=True)
+        if ok(step):
+            return prefixes[hi][1]
+        if self.check_speed and step is not None and step.speedup is not None and step.speedup < self.early_speed:
+            self.log("  stopped: the speed gate no longer holds")
+            return None
+        for k in range(hi + 1, last + 1):
+            if spent():
+                return None
+            if ok(score(k, whole=True)):
+                return prefixes[k][1]
+        return None
+
+    def run(self) -> SearchResult:
+        t0 = time.perf_counter()
+        if self.budget_s:
+            self._deadline = t0 + self.budget_s
+        self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate"
+                 + (f", budget {self.budget_s / 60:.0f} min" if self.budget_s else ""))
+        failed: list[dict] = []
+        ok: list[tuple[Recipe, dict]] = []
+        slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
+        for i, track in enumerate(self.start()):
+            if i and self.spent():  # the first track always reports; a spent budget starts no other
+                self.log(f"  budget spent: track {track.recipe.describe()} not searched")
+                break
+            # Every variant at full INT8 on the sample; the best one orders the units for all of them.
+            scored = []
+            for name, variant in self.variants(track):
+                if scored and self.spent():
+                    break
+                if variant == track.recipe and track.scored_on is self.sample:  # measured at the start
+                    scored.append((track.distortion, name, variant))
+                    continue
+                step = self.measure("variant", name, variant, evaluator=self.sample)
+                if step is not None:
+                    scored.append((step.distortion, name, variant))
+            scored.sort(key=lambda v: v[0])
+            if scored:  # the sample also carries the whole split's worst rows, which decide worst-case gates
+                hard = self.val.worst_rows(self.build(scored[0][2]), exact=self.exact)
+                self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra_rows=hard)
+                self.log(f"  sample: every {self.sample_stride}th batch + the {sum(map(len, hard.values()))} worst "
+                         "rows of the split")
+            ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
+            finals = []
+            for _, name, variant in scored[: self.max_variants]:
+                if len(finals) >= 2:  # two passing candidates to compare speeds is enough
+                    break
+                first = len(self.steps)
+                recipe = self.fallback(name, variant, ranked,
+                                       min(len(r.float_nodes) for r, _ in finals) if finals else None)
+                if recipe is None:
+                    # This fallback's own steps: variant names prefix one another ("x" and "x + calibrate=...")
+                    # and recur across tracks ("as started"), so matching by name repeated entries.
+                    best = min((s for s in self.steps[first:] if s.stage in ("fallback", "confirm")),
+                               key=lambda s: s.distortion, default=None)
+                    if best is not None:
+                        failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
+                    continue
+                speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES) \
+                    if self.check_speed else {}
+                self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
+                finals.append((recipe, speed))
+            if self.check_speed:
+                too_slow = [(r, s) for r, s in finals if not self.spec.SPEED_TARGET.met(s)]
+                slow += too_slow
+                failed += [{"recipe": r.describe(), "accuracy": "passed (validation)", "speed": s,
+                            "speedup": s.get("int8_speedup")} for r, s in too_slow]
+                finals = [(r, s) for r, s in finals if self.spec.SPEED_TARGET.met(s)]
+            ok += finals
+            if ok:  # tracks run best first: the first that passes ends the search
+                break
+        if not ok:
+            why = "no candidate met the accuracy and speed gates"
+            if slow:  # the accuracy gates held, at a price in float nodes the speed gate does not allow
+                r, sp = max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))
+                why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} against "
+                        f"FP32, under the {self.spec.SPEED_TARGET.value}x speed gate")
+            if self.min_int8_share:
+                why += (f" with at least {self.min_int8_share:.0%} of the weighted multiply-accumulates in INT8 "
+                        "(below that the FP16 plan is faster)")
+            if self.spent():
+                why += f" within the search budget ({self.budget_s / 60:.0f} min)"
+            return self._result(None, {}, {}, {}, failed, t0, why)
+        # Fastest first; without a speed check, the fewest float units.
+        recipe, speed = max(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)))
+        model = self.build(recipe)
+        validation = self.val.metrics(model, exact=self.exact)
+        self.log("[search] confirming once on the test split")
+        test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
+        ok_test = passes(self.targets["test"], test)
+        reason = "" if ok_test else "test split: " + "; ".join(missed(self.targets["test"], test))
+        return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
+                            chosen=recipe)
+
+    def _result(self, recipe, validation, test, speed, failed, t0, reason, chosen=None) -> SearchResult:
+        if self._own:
+            self.ws.close()
+        res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
+                           round(time.perf_counter() - t0, 1), recipe is not None, reason)
+        if chosen is not None and recipe is None:
+            res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
+        return res
+
+
+def _summary(targets: Sequence[Target], metrics: dict[str, float]) -> str:
+    return " ".join(f"{t.metric}={metrics.get(t.metric, float('nan')):.4f}" for t in targets)
+
+
+def _speed(speed: dict[str, float]) -> str:
+    return " ".join(f"b{k.removeprefix('speedup_batch')}:x{v:.2f}" for k, v in speed.items()
+                    if k.startswith("speedup_batch")) or "-"

