@@ -164,14 +164,15 @@ def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool =
     fingerprint = _fingerprint(spec, stage, digest)
     if not force and up_to_date(out, spec.NAME, stage, fingerprint):
         return out
-    targets = []
+    targets, reference = [], None
     if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
-        from tritonkit.int8 import floor
+        from tritonkit.int8 import evaluate, floor
 
         half = floor.measure(spec, fp32, floor.PRECISION["served"])
         targets = floor.targets(spec, floor.split_floor(half, "test"))
+        reference = evaluate.reference(spec, fp32, "test")  # the replay's, when it ran in this process
     try:
-        spec.write_packed(model_path, fp32, targets)
+        spec.write_packed(model_path, fp32, targets, reference)
     except packing.PackingError as err:  # the backend then runs padded length buckets, as before
         _log(f"{spec.NAME}: no packed form of {paths.rel(model_path)}: {err}")
         out.unlink(missing_ok=True)

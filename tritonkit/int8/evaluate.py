@@ -4,10 +4,13 @@ floor, the runtime choice and the packed-graph proof share (the gate checks are 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 Feeds = Mapping[str, np.ndarray]
+# FP32 outputs per (model, file version, split): a build's replay and packed-graph proof score against the same ones.
+_REFERENCES: dict[tuple, np.ndarray] = {}
 
 
 def session(model, threads: int = 0, exact: bool = False):
@@ -31,3 +34,13 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
     name = sess.get_outputs()[0].name
     inputs = {i.name for i in sess.get_inputs()}
     return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
+
+
+def reference(spec, fp32: Path, split: str, batches: Sequence[Feeds] | None = None) -> np.ndarray:
+    """The FP32 graph's outputs over `spec.eval_batches(split)` (rows in that order), computed once per process and
+    file version; `batches` when the caller already holds that split's batches."""
+    stat = Path(fp32).stat()
+    key = (getattr(spec, "NAME", id(spec)), str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, split)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = run_batches(session(fp32), batches if batches is not None else spec.eval_batches(split))
+    return _REFERENCES[key]

@@ -33,7 +33,7 @@ import numpy as np
 
 from tritonkit.errors import SearchError
 from tritonkit.int8.checks import int8_share
-from tritonkit.int8.evaluate import run_batches, session
+from tritonkit.int8.evaluate import reference, run_batches, session
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.kinds.gates import Target, missed
 
@@ -184,7 +184,8 @@ class Evaluator:
         for i, rows in sorted((extra_rows or {}).items()):
             if i % stride:
                 self.batches.append({k: v[rows] for k, v in batches[i].items()})
-        self.ref = run_batches(session(fp32), self.batches)
+        whole = stride == 1 and not extra_rows
+        self.ref = reference(spec, fp32, split, self.batches) if whole else run_batches(session(fp32), self.batches)
 
     def metrics(self, model, exact: bool = False) -> dict[str, float]:
         return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))

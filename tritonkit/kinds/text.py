@@ -235,7 +235,8 @@ class TextEmbedding(Kind):
 
         return self.spec.facts.pooling in packing.POOLINGS
 
-    def write_packed(self, model_path: Path, fp32: Path | None = None, targets: Sequence[Target] = ()) -> Path:
+    def write_packed(self, model_path: Path, fp32: Path | None = None, targets: Sequence[Target] = (),
+                     reference: np.ndarray | None = None) -> Path:
         """model.packed.onnx beside `model_path` (tritonkit.serving.packing), installed only once it is proven.
 
         A float graph must reproduce the padded graph's embeddings of mixed-length validation texts within the
@@ -243,7 +244,8 @@ class TextEmbedding(Kind):
         share the row, and a last-bit change can move a probability to the next uint8 level (measured on MiniLM:
         1 - cosine up to 6e-4 against the padded graph). So with `fp32` given, the packed INT8 graph must meet
         `targets` (the spec's accuracy gates judged against its half-precision floor, tritonkit.int8.floor.targets)
-        against that FP32 graph on the test split, packed in arrival order as served.
+        against that FP32 graph on the test split, packed in arrival order as served; `reference`: that graph's
+        outputs over `eval_batches("test")` where the caller has them.
         """
         import onnx
 
@@ -265,8 +267,12 @@ class TextEmbedding(Kind):
                        f"{len(texts)} texts") if cos.min() < self.EXPORT.tolerance else ""
         else:
             texts = data.eval_texts("test")
-            metrics = self.gate_metrics(self.embed_onnx(self.session(fp32), texts),
-                                        self.embed_packed(self.session(tmp), texts))
+            if reference is None:
+                ref = self.embed_onnx(self.session(fp32), texts)
+            else:  # eval_batches' rows are the texts length-sorted (stable): put them back in arrival order
+                ref = np.empty_like(reference)
+                ref[sorted(range(len(texts)), key=lambda i: len(texts[i]))] = reference
+            metrics = self.gate_metrics(ref, self.embed_packed(self.session(tmp), texts))
             problem = "; ".join(missed(targets, metrics))
         if problem:
             tmp.unlink()
