@@ -42,12 +42,12 @@ class BuildResult:
     outcomes: list = field(default_factory=list)
 
 
-def trt_qdq_path(spec) -> Path:
+def trt_qdq_path(kind) -> Path:
     """The TensorRT-form Q/DQ kept beside a served INT8 of another form (read by tritonkit.tensorrt.engines)."""
-    return paths.ARTIFACTS / f"{spec.INT8_MODEL}.trt_qdq.onnx"
+    return paths.ARTIFACTS / f"{kind.INT8_MODEL}.trt_qdq.onnx"
 
 
-def _fingerprint(spec, stage: str, extra: str = "") -> str:
+def _fingerprint(kind, stage: str, extra: str = "") -> str:
     """Hash of everything a stage's artefact depends on: the spec file, the kind's code, the stage's code, data."""
     import sys as _sys
 
@@ -56,10 +56,10 @@ def _fingerprint(spec, stage: str, extra: str = "") -> str:
 
     h = hashlib.sha256()
     int8_code = [settings, transforms, calibration, quantize, checks, search, recipe]
-    sources = [_sys.modules[type(spec).__module__], export] + (int8_code if stage == "int8" else [])
+    sources = [_sys.modules[type(kind).__module__], export] + (int8_code if stage == "int8" else [])
     for module in sources:
         h.update(Path(inspect.getfile(module)).read_bytes())
-    for path in [spec.spec.file, data.SENTENCES, *getattr(spec, "DATA_FILES", ())]:
+    for path in [kind.spec.file, data.SENTENCES, *getattr(kind, "DATA_FILES", ())]:
         h.update(Path(path).read_bytes())
     h.update(extra.encode())
     return h.hexdigest()[:16]
@@ -84,102 +84,102 @@ def _log(msg: str) -> None:
     print(f"[build] {msg}", flush=True)
 
 
-def build_fp32(spec, force: bool = False, progress: bool = True) -> tuple[Path, bool]:
+def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, bool]:
     from tritonkit.export import export_onnx, validate_onnx, write_json
 
-    path = paths.model_file(spec.FP32_MODEL)
-    fingerprint = _fingerprint(spec, "fp32")
-    if not force and up_to_date(path, spec.NAME, "fp32", fingerprint):
-        _log(f"{spec.NAME}: FP32 {paths.rel(path)} up to date")
+    path = paths.model_file(kind.FP32_MODEL)
+    fingerprint = _fingerprint(kind, "fp32")
+    if not force and up_to_date(path, kind.NAME, "fp32", fingerprint):
+        _log(f"{kind.NAME}: FP32 {paths.rel(path)} up to date")
         return path, False
-    _log(f"{spec.NAME}: exporting {spec.EXPORT.name} → {paths.rel(path)}")
+    _log(f"{kind.NAME}: exporting {kind.EXPORT.name} → {paths.rel(path)}")
     t0 = time.perf_counter()
-    module = spec.EXPORT.loader()
+    module = kind.EXPORT.loader()
     tmp = path.with_name("model.export.onnx")
-    export_onnx(spec.EXPORT, tmp, module=module)
+    export_onnx(kind.EXPORT, tmp, module=module)
     # Validate before installing it, so a failed export never replaces a good model.
-    result = validate_onnx(spec.EXPORT, tmp, module=module, progress=progress)
+    result = validate_onnx(kind.EXPORT, tmp, module=module, progress=progress)
     tmp.replace(path)
-    write_json(REPORTS / f"{spec.NAME}_export.json", {**result.to_json(), "seconds": time.perf_counter() - t0})
+    write_json(REPORTS / f"{kind.NAME}_export.json", {**result.to_json(), "seconds": time.perf_counter() - t0})
     _log(
-        f"{spec.NAME}: validated {result.samples} samples on {result.grid_points} shapes: "
+        f"{kind.NAME}: validated {result.samples} samples on {result.grid_points} shapes: "
         f"{result.metric} min {result.summary['min']:.6f} (tolerance {result.tolerance})"
     )
-    _stamp(spec.NAME, "fp32", fingerprint)
+    _stamp(kind.NAME, "fp32", fingerprint)
     return path, True
 
 
-def build_int8(spec, fp32: Path, force: bool = False, progress: bool = True,
+def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = None, search_form: str | None = None,
                forms: Sequence[str] = recipe.FORMS) -> list[recipe.Outcome]:
     """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
-    data = recipe.load_recipes(spec)
+    data = recipe.load_recipes(kind)
     if data is None and not (run_search or search_if_missing):
-        raise recipe.GateError(f"{spec.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(spec))}); run "
-                               f"`{recipe.search_command(spec)}` (minutes) and commit the file it writes")
+        raise recipe.GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(kind))}); run "
+                               f"`{recipe.search_command(kind)}` (minutes) and commit the file it writes")
     if run_search or data is None:
         if data is None:
-            _log(f"{spec.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(spec))}): searching")
-        data = recipe.search(spec, fp32, progress=progress, budget_s=search_budget_s,
+            _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(kind))}): searching")
+        data = recipe.search(kind, fp32, progress=progress, budget_s=search_budget_s,
                              only=search_form if run_search else None)
         force = True
     outcomes = []
-    for form, out, stage in (("served", paths.model_file(spec.INT8_MODEL), "int8"),
-                             ("tensorrt", trt_qdq_path(spec), "int8_trt")):
+    for form, out, stage in (("served", paths.model_file(kind.INT8_MODEL), "int8"),
+                             ("tensorrt", trt_qdq_path(kind), "int8_trt")):
         if form not in forms:
             continue
         extra = json.dumps([data[form], envinfo.fingerprint()], sort_keys=True) + form + fp32.name
-        fingerprint = _fingerprint(spec, "int8", extra)
-        report = recipe.report_path(spec, form)
-        if not force and up_to_date(out, spec.NAME, stage, fingerprint) and report.exists():
+        fingerprint = _fingerprint(kind, "int8", extra)
+        report = recipe.report_path(kind, form)
+        if not force and up_to_date(out, kind.NAME, stage, fingerprint) and report.exists():
             status = json.loads(report.read_text()).get("status", "failed")
-            _log(f"{spec.NAME}: {form} INT8 {paths.rel(out)} up to date ({status})")
+            _log(f"{kind.NAME}: {form} INT8 {paths.rel(out)} up to date ({status})")
             outcomes.append(recipe.Outcome(form, out, status, []))
             continue
-        _log(f"{spec.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(spec))} → "
+        _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(kind))} → "
              f"{paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        outcome = recipe.replay(spec, fp32, form, data, out, progress=progress)
+        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress)
         outcomes.append(outcome)
         if outcome.status != "failed":
-            _stamp(spec.NAME, stage, fingerprint)
+            _stamp(kind.NAME, stage, fingerprint)
         else:
-            _stamp_path(spec.NAME, stage).unlink(missing_ok=True)
+            _stamp_path(kind.NAME, stage).unlink(missing_ok=True)
     return outcomes
 
 
-def build_packed(spec, model_path: Path, fp32: Path | None = None, force: bool = False) -> Path | None:
+def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False) -> Path | None:
     """The packed form of a text encoder's graph (tritonkit.serving.packing), re-made when its source graph changes;
     `fp32` for an INT8 graph, which is proven against the spec's gates instead of against itself padded."""
     from tritonkit.serving import packing
 
-    if not getattr(spec, "packable", False) or not model_path.exists():
+    if not getattr(kind, "packable", False) or not model_path.exists():
         return None
     out = packing.packed_path(model_path)
     stage = f"packed.{model_path.parent.parent.name}"
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest() + Path(inspect.getfile(packing)).read_text() + \
         str(fp32)
-    fingerprint = _fingerprint(spec, stage, digest)
-    if not force and up_to_date(out, spec.NAME, stage, fingerprint):
+    fingerprint = _fingerprint(kind, stage, digest)
+    if not force and up_to_date(out, kind.NAME, stage, fingerprint):
         return out
     targets, reference = [], None
     if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
         from tritonkit.int8 import evaluate, floor
 
-        half = floor.measure(spec, fp32, floor.PRECISION["served"])
-        targets = floor.targets(spec, floor.split_floor(half, "test"))
-        reference = evaluate.reference(spec, fp32, "test")  # the replay's, when it ran in this process
+        half = floor.measure(kind, fp32, floor.PRECISION["served"])
+        targets = floor.targets(kind, floor.split_floor(half, "test"))
+        reference = evaluate.reference(kind, fp32, "test")  # the replay's, when it ran in this process
     try:
-        spec.write_packed(model_path, fp32, targets, reference)
+        kind.write_packed(model_path, fp32, targets, reference)
     except packing.PackingError as err:  # the backend then runs padded length buckets, as before
-        _log(f"{spec.NAME}: no packed form of {paths.rel(model_path)}: {err}")
+        _log(f"{kind.NAME}: no packed form of {paths.rel(model_path)}: {err}")
         out.unlink(missing_ok=True)
         return None
     proof = "meets the INT8 gates on the test split, packed" if fp32 else "matches the padded graph"
-    _log(f"{spec.NAME}: packed form {paths.rel(out)} ({proof})")
-    _stamp(spec.NAME, stage, fingerprint)
+    _log(f"{kind.NAME}: packed form {paths.rel(out)} ({proof})")
+    _stamp(kind.NAME, stage, fingerprint)
     return out
 
 
@@ -191,30 +191,30 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
     from tritonkit.repository import generate
 
-    spec = kinds.get(name)
+    kind = kinds.get(name)
     # The model's configs first: a build can then be served even when the INT8 step below stops it.
-    for path in generate.write([spec]):
-        _log(f"{spec.NAME}: generated {paths.rel(path)}")
-    fp32, built_fp32 = build_fp32(spec, force=force, progress=progress)
+    for path in generate.write([kind]):
+        _log(f"{kind.NAME}: generated {paths.rel(path)}")
+    fp32, built_fp32 = build_fp32(kind, force=force, progress=progress)
     built = ["fp32"] if built_fp32 else []
     # Small non-ONNX build outputs a spec may have (e.g. a classifier's labels file); cheap, always rewritten.
-    for asset in getattr(spec, "write_assets", lambda _repo: [])(paths.MODEL_REPOSITORY):
-        _log(f"{spec.NAME}: wrote {paths.rel(Path(asset))}")
-    build_packed(spec, fp32, force=built_fp32)
+    for asset in getattr(kind, "write_assets", lambda _repo: [])(paths.MODEL_REPOSITORY):
+        _log(f"{kind.NAME}: wrote {paths.rel(Path(asset))}")
+    build_packed(kind, fp32, force=built_fp32)
     if skip_int8:
         return BuildResult(name, fp32, None, built)
-    outcomes = build_int8(spec, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
+    outcomes = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
                           search_if_missing=search_if_missing, search_budget_s=search_budget_s,
                           search_form=search_form, forms=forms)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
-    build_packed(spec, served.path, fp32 if served.status == "passed" else None)
+    build_packed(kind, served.path, fp32 if served.status == "passed" else None)
     from tritonkit.repository import runtime_choice
 
-    runtime_choice.choose(spec, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
+    runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
                           log=_log)
-    for path in generate.write([spec]):  # an FP32 fallback and the chosen runtime show in the configs
-        _log(f"{spec.NAME}: generated {paths.rel(path)}")
+    for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
+        _log(f"{kind.NAME}: generated {paths.rel(path)}")
     return BuildResult(name, fp32, served.path, built, served.status, trt.path if trt else None, outcomes)
 
 

@@ -36,11 +36,11 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
     return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
 
 
-def reference(spec, fp32: Path, split: str, batches: Sequence[Feeds] | None = None) -> np.ndarray:
+def reference(kind, fp32: Path, split: str, batches: Sequence[Feeds] | None = None) -> np.ndarray:
     """The FP32 graph's outputs over `spec.eval_batches(split)` (rows in that order), computed once per process and
     file version; `batches` when the caller already holds that split's batches."""
     stat = Path(fp32).stat()
-    key = (getattr(spec, "NAME", id(spec)), str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, split)
+    key = (getattr(kind, "NAME", id(kind)), str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, split)
     if key not in _REFERENCES:
-        _REFERENCES[key] = run_batches(session(fp32), batches if batches is not None else spec.eval_batches(split))
+        _REFERENCES[key] = run_batches(session(fp32), batches if batches is not None else kind.eval_batches(split))
     return _REFERENCES[key]

@@ -29,13 +29,13 @@ from tritonkit.int8.evaluate import run_batches, session
 PRECISION = {"served": "bf16", "tensorrt": "fp16"}
 
 
-def targets(spec, floor: Mapping[str, float] | None) -> list:
+def targets(kind, floor: Mapping[str, float] | None) -> list:
     """`spec.TARGETS` judged against `floor` (this split's half-precision metrics; None: absolute gates), plus the
     kind's catastrophe bounds on metrics the gates do not name."""
-    slack: Mapping[str, float] = getattr(spec, "FLOOR_SLACK", {})
-    bounds = {t.metric: t for t in getattr(spec, "CATASTROPHE", ())}
+    slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
+    bounds = {t.metric: t for t in getattr(kind, "CATASTROPHE", ())}
     out = []
-    for t in spec.TARGETS:
+    for t in kind.TARGETS:
         value = t.value
         if floor is not None and t.metric in floor and t.metric in slack:
             relative = floor[t.metric] - slack[t.metric] if t.op == ">=" else floor[t.metric] + slack[t.metric]
@@ -43,7 +43,7 @@ def targets(spec, floor: Mapping[str, float] | None) -> list:
         if t.metric in bounds:
             value = max(value, bounds[t.metric].value) if t.op == ">=" else min(value, bounds[t.metric].value)
         out.append(dataclasses.replace(t, value=round(value, 6)))
-    return out + [b for m, b in bounds.items() if m not in {t.metric for t in spec.TARGETS}]
+    return out + [b for m, b in bounds.items() if m not in {t.metric for t in kind.TARGETS}]
 
 
 
@@ -98,20 +98,20 @@ def how(precision: str) -> str:
             }[precision]
 
 
-def record_path(spec) -> Path | None:
+def record_path(kind) -> Path | None:
     """models/<name>.floors.json beside the spec: floors measured by builds, committed so that a fresh clone on the
     same packages and CPU flags reuses them (None for a spec made in memory, e.g. by tests)."""
-    file = getattr(getattr(spec, "spec", None), "file", None)
-    return file.with_name(f"{spec.NAME}.floors.json") if file is not None else None
+    file = getattr(getattr(kind, "spec", None), "file", None)
+    return file.with_name(f"{kind.NAME}.floors.json") if file is not None else None
 
 
-def measure(spec, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test")) -> dict:
+def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test")) -> dict:
     """{"precision", "how", split: metrics...} of the FP32 graph at `precision` against FP32 (onnxruntime), or
     {"precision", "unavailable": why}. Keyed by graph bytes, precision, splits, CPU flags and package versions:
     found in the spec's committed floors file, else measured and recorded there."""
     key = hashlib.sha256(Path(fp32).read_bytes() + json.dumps(
-        [precision, list(splits), envinfo.fingerprint(), getattr(spec, "NAME", "")]).encode()).hexdigest()[:20]
-    record = record_path(spec)
+        [precision, list(splits), envinfo.fingerprint(), getattr(kind, "NAME", "")]).encode()).hexdigest()[:20]
+    record = record_path(kind)
     recorded = json.loads(record.read_text()) if record is not None and record.exists() else {}
     if key in recorded:
         return recorded[key]["floor"]
@@ -124,9 +124,9 @@ def measure(spec, fp32: Path, precision: str, splits: Sequence[str] = ("validati
     out["how"] = how(precision)
     ref = session(fp32)
     for split in splits:
-        batches = spec.eval_batches(split)
+        batches = kind.eval_batches(split)
         got = np.concatenate([run(b) for b in batches]).astype(np.float32)
-        out[split] = {k: round(float(v), 6) for k, v in spec.gate_metrics(run_batches(ref, batches), got).items()}
+        out[split] = {k: round(float(v), 6) for k, v in kind.gate_metrics(run_batches(ref, batches), got).items()}
     if record is not None:
         import datetime
 
@@ -157,15 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| model | form | floor | split | metric: absolute gate / floor / gate judged against it |")
     print("|---|---|---|---|---|")
     for name in names:
-        spec = kinds.get(name)
-        fp32 = paths.model_file(spec.FP32_MODEL)
+        kind = kinds.get(name)
+        fp32 = paths.model_file(kind.FP32_MODEL)
         for form, precision in PRECISION.items():
-            half = measure(spec, fp32, precision)
+            half = measure(kind, fp32, precision)
             for split in ("validation", "test"):
                 got = split_floor(half, split)
-                bounds = {t.metric: t.value for t in targets(spec, got)}
+                bounds = {t.metric: t.value for t in targets(kind, got)}
                 cells = "; ".join(f"{t.metric} {t.value} / {got[t.metric]:.4f} / {bounds[t.metric]:.4f}" if got
-                                  else f"{t.metric} {t.value}" for t in spec.TARGETS)
+                                  else f"{t.metric} {t.value}" for t in kind.TARGETS)
                 print(f"| {name} | {form} | {half.get('unavailable') or precision} | {split} | {cells} |")
     return 0
 

@@ -29,18 +29,18 @@ FORMS = {"served": ("int8", "uint8"), "tensorrt": ("int8",)}
 FALLBACK = "fp32-fallback"
 
 
-def recipe_path(spec) -> Path:
+def recipe_path(kind) -> Path:
     """Beside the model's spec file (the recipe is one more of its facts)."""
-    file = getattr(getattr(spec, "spec", None), "file", None)
-    return (Path(file).parent if file else RECIPES) / f"{spec.NAME}.int8.json"
+    file = getattr(getattr(kind, "spec", None), "file", None)
+    return (Path(file).parent if file else RECIPES) / f"{kind.NAME}.int8.json"
 
 
-def report_path(spec, form: str = "served") -> Path:
-    return REPORTS / f"{spec.NAME}_int8{'' if form == 'served' else '_trt'}.json"
+def report_path(kind, form: str = "served") -> Path:
+    return REPORTS / f"{kind.NAME}_int8{'' if form == 'served' else '_trt'}.json"
 
 
-def search_command(spec) -> str:
-    return f"python -m tritonkit.build {spec.NAME} --search"
+def search_command(kind) -> str:
+    return f"python -m tritonkit.build {kind.NAME} --search"
 
 
 def _log(msg: str) -> None:
@@ -49,28 +49,28 @@ def _log(msg: str) -> None:
 
 # -- search --------------------------------------------------------------------------------------------------
 
-def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = None,
+def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = None,
            only: str | None = None) -> dict:
     """Search both forms (or `only` one, keeping the other's committed recipe and log), each within budget_s when
     given; write the committed recipe file and the full search report; returns the recipe data."""
     from tritonkit.export import write_json
 
     t0 = time.perf_counter()
-    out: dict = {"model": spec.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
+    out: dict = {"model": kind.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
     full: dict = {}
     cpu = envinfo.int8_class()
-    committed = committed_recipes(spec) or {}
+    committed = committed_recipes(kind) or {}
     others = {c: e for c, e in committed.get("served", {}).items() if c != cpu}
     if others:
-        _log(f"{spec.NAME}: keeping the served recipes of other CPU INT8 classes ({', '.join(others)}); this CPU "
+        _log(f"{kind.NAME}: keeping the served recipes of other CPU INT8 classes ({', '.join(others)}); this CPU "
              f"is {cpu} (re-search those on such a CPU after a model, data or dependency change)")
     if only is not None:
         if only not in FORMS:
             raise GateError(f"form: '{only}' is not one of {', '.join(FORMS)}")
-        kept, log = committed or None, REPORTS / f"{spec.NAME}_int8_search.json"
+        kept, log = committed or None, REPORTS / f"{kind.NAME}_int8_search.json"
         if kept is None:
             raise GateError(f"form: searching only '{only}' needs a committed recipe for the other form "
-                            f"({paths.rel(recipe_path(spec))}); run `{search_command(spec)}` first")
+                            f"({paths.rel(recipe_path(kind))}); run `{search_command(kind)}` first")
         old = json.loads(log.read_text()).get("search", {}) if log.exists() else {}
         for form in FORMS:
             if form != only:  # kept as committed, with the environment that searched it
@@ -82,9 +82,9 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
         for form, forms in FORMS.items():
             if only is not None and form != only:
                 continue
-            _log(f"{spec.NAME}: searching the {form} form ({'/'.join(forms)})")
-            half = form_floor(spec, fp32, form)
-            result = Search(spec, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
+            _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
+            half = form_floor(kind, fp32, form)
+            result = Search(kind, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
                             log=_log, workspace=workspace, exact=form == "tensorrt", floor=half).run()
             full[form] = result.to_json()
             entry = {
@@ -100,23 +100,23 @@ def search(spec, fp32: Path, progress: bool = True, budget_s: float | None = Non
             # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
             out[form] = {**others, cpu: entry} if form == "served" else entry
             found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
-            _log(f"{spec.NAME} {form}: {found} ({result.seconds:.0f} s)")
+            _log(f"{kind.NAME} {form}: {found} ({result.seconds:.0f} s)")
     finally:
         workspace.close()
     out["search_seconds"] = round(time.perf_counter() - t0, 1)
-    path = recipe_path(spec)
+    path = recipe_path(kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
-    write_json(REPORTS / f"{spec.NAME}_int8_search.json", {**out, "search": full})
-    _log(f"{spec.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
-         f"build/reports/{spec.NAME}_int8_search.json")
-    return load_recipes(spec)
+    write_json(REPORTS / f"{kind.NAME}_int8_search.json", {**out, "search": full})
+    _log(f"{kind.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
+         f"build/reports/{kind.NAME}_int8_search.json")
+    return load_recipes(kind)
 
 
-def committed_recipes(spec) -> dict | None:
+def committed_recipes(kind) -> dict | None:
     """The recipe file as committed, its "served" entries keyed by CPU INT8 class (`envinfo.int8_class`). A file
     written before classes holds one served entry: the class of the CPU its "env" names."""
-    path = recipe_path(spec)
+    path = recipe_path(kind)
     if not path.exists():
         return None
     data = json.loads(path.read_text())
@@ -127,11 +127,11 @@ def committed_recipes(spec) -> dict | None:
     return data
 
 
-def load_recipes(spec, cpu: str | None = None) -> dict | None:
+def load_recipes(kind, cpu: str | None = None) -> dict | None:
     """The committed recipes with "served" resolved for this CPU's INT8 class (or `cpu`): its own entry, else the
     one searched on another class, marked "borrowed_from". A borrowed recipe's replay re-checks every gate here
     and serves FP32, loudly, where one misses (see replay)."""
-    data = committed_recipes(spec)
+    data = committed_recipes(kind)
     if data is None or not data.get("served"):
         return data
     cpu = cpu or envinfo.int8_class()
@@ -149,12 +149,12 @@ def served_label(name: str) -> str:
     FP32 graph under the INT8 name (its report says so), else when the committed served-form search found none."""
     from tritonkit import kinds
 
-    spec = kinds.get(name)
-    report = report_path(spec)
+    kind = kinds.get(name)
+    report = report_path(kind)
     if report.exists():
         status = json.loads(report.read_text()).get("status")
     else:
-        status = (load_recipes(spec) or {}).get("served", {}).get("status")
+        status = (load_recipes(kind) or {}).get("served", {}).get("status")
     return "FP32 fallback" if status == FALLBACK else "INT8"
 
 
@@ -163,8 +163,8 @@ def floor_summary(name: str) -> str:
     half-precision floor and the gate it set, or why the FP32 graph is served, with the floor beside."""
     from tritonkit import kinds
 
-    spec = kinds.get(name)
-    path = report_path(spec)
+    kind = kinds.get(name)
+    path = report_path(kind)
     if not path.exists():
         return "no INT8 report yet"
     report = json.loads(path.read_text())
@@ -172,7 +172,7 @@ def floor_summary(name: str) -> str:
     floor_test = half.get("test", {})
     bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
     cells = []
-    for t in spec.TARGETS:
+    for t in kind.TARGETS:
         got = report.get("test", {}).get(t.metric)
         cell = t.metric + (f" {got:.4f}" if got is not None else "")
         if t.metric in floor_test:
@@ -187,9 +187,9 @@ def floor_summary(name: str) -> str:
     return f"INT8, test split, {where}: " + "; ".join(cells)
 
 
-def all_classes_fall_back(spec) -> bool:
+def all_classes_fall_back(kind) -> bool:
     """Every CPU class's committed served search found no INT8 candidate: the INT8 name holds FP32 everywhere."""
-    served = (committed_recipes(spec) or {}).get("served") or {}
+    served = (committed_recipes(kind) or {}).get("served") or {}
     return bool(served) and all(e.get("status") == FALLBACK for e in served.values())
 
 
@@ -203,45 +203,45 @@ class Outcome:
     missed: list[str]
 
 
-def form_floor(spec, fp32: Path, form: str) -> dict:
+def form_floor(kind, fp32: Path, form: str) -> dict:
     """The FP32 graph's metrics at the half precision `form` competes with (tritonkit.int8.floor), logged."""
     from tritonkit.int8 import floor
 
-    half = floor.measure(spec, fp32, floor.PRECISION[form])
+    half = floor.measure(kind, fp32, floor.PRECISION[form])
     if "unavailable" in half:
-        _log(f"{spec.NAME}: no {half['precision']} floor for the {form} form: {half['unavailable']}; absolute gates")
+        _log(f"{kind.NAME}: no {half['precision']} floor for the {form} form: {half['unavailable']}; absolute gates")
     else:
-        _log(f"{spec.NAME}: {form} form's {half['precision']} floor (test split): "
-             + ", ".join(f"{t.metric} {half['test'].get(t.metric, float('nan')):.4f}" for t in spec.TARGETS))
+        _log(f"{kind.NAME}: {form} form's {half['precision']} floor (test split): "
+             + ", ".join(f"{t.metric} {half['test'].get(t.metric, float('nan')):.4f}" for t in kind.TARGETS))
     return half
 
 
-def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
+def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
     from tritonkit.int8.quantize import quantize
 
     entry = data[form]
-    report: dict = {"model": spec.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "recipe_file": paths.rel(recipe_path(spec)), "env": envinfo.fingerprint(),
-                    "search_env": data.get("env", {}), "search": _search_summary(spec, form)}
+    report: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
+                    "search_env": data.get("env", {}), "search": _search_summary(kind, form)}
     from tritonkit.int8 import floor
 
-    half = form_floor(spec, fp32, form)
+    half = form_floor(kind, fp32, form)
     recorded = entry.get("floor") or {}
     if "unavailable" in half and "test" in recorded:
         # The floor is the FP32 graph's, not this CPU's: where bf16 cannot run, the one measured where the recipe was
         # searched stands, so a recipe that passed beside it is not failed here by gates no half precision meets.
-        _log(f"{spec.NAME}: using the {recorded['precision']} floor recorded with the recipe ({half['unavailable']})")
+        _log(f"{kind.NAME}: using the {recorded['precision']} floor recorded with the recipe ({half['unavailable']})")
         half = {**recorded, "recorded": f"measured where the recipe was searched; here: {half['unavailable']}"}
-    targets = {split: floor.targets(spec, floor.split_floor(half, split)) for split in ("validation", "test")}
+    targets = {split: floor.targets(kind, floor.split_floor(half, split)) for split in ("validation", "test")}
     report["floor"] = half
     # One row per gate: the absolute bound, the floor-judged bound of each split, and the catastrophe bounds.
-    report["gates"] = [{**asdict(t), "absolute": next((a.value for a in spec.TARGETS if a.metric == t.metric), None),
+    report["gates"] = [{**asdict(t), "absolute": next((a.value for a in kind.TARGETS if a.metric == t.metric), None),
                         "validation": t.value, "test": targets["test"][i].value}
                        for i, t in enumerate(targets["validation"])]
     if form == "served":
-        report["gates"].append({**asdict(spec.SPEED_TARGET)})
+        report["gates"].append({**asdict(kind.SPEED_TARGET)})
     borrowed, here = entry.get("borrowed_from"), envinfo.int8_class()
     if borrowed:
         report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
@@ -249,27 +249,27 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     def fall_back(reason: str) -> Outcome:
         write_fp32_fallback(fp32, out, reason)
         report.update(status=FALLBACK, passed=False, served="fp32", reason=reason)
-        _write_report(spec, form, report)
-        _loud(f"{spec.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
+        _write_report(kind, form, report)
+        _loud(f"{kind.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
               f"served under the INT8 model's name")
         return Outcome(form, out, FALLBACK, [])
 
     if entry["recipe"] is None:
         return fall_back(entry.get("reason", ""))
     recipe = Recipe.from_json(entry["recipe"])
-    quant = recipe.to_quant(spec.WEIGHT_OPS, name=f"{spec.NAME}-{form}")
+    quant = recipe.to_quant(kind.WEIGHT_OPS, name=f"{kind.NAME}-{form}")
     t0 = time.perf_counter()
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
-    quantize(fp32, tmp, quant, spec.calibration_batches, spec.calibration_batch_count(), progress)
+    quantize(fp32, tmp, quant, kind.calibration_batches, kind.calibration_batch_count(), progress)
     calib_s = time.perf_counter() - t0
     # TensorRT's INT8 arithmetic is exact: its form is judged so on every CPU (evaluate.session).
-    metrics = {split: Evaluator(spec, fp32, split).metrics(tmp, exact=form == "tensorrt")
+    metrics = {split: Evaluator(kind, fp32, split).metrics(tmp, exact=form == "tensorrt")
                for split in ("validation", "test")}
-    speed = speedup(spec, fp32, tmp, spec.SPEED_BATCHES) if form == "served" else {}
+    speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES) if form == "served" else {}
     miss = [f"{split}: {m}" for split in metrics for m in missed(targets[split], metrics[split])]
-    if form == "served" and not spec.SPEED_TARGET.met(speed):
-        miss += missed([spec.SPEED_TARGET], speed)
-    share = artefact_int8_share(tmp, spec.WEIGHT_OPS)
+    if form == "served" and not kind.SPEED_TARGET.met(speed):
+        miss += missed([kind.SPEED_TARGET], speed)
+    share = artefact_int8_share(tmp, kind.WEIGHT_OPS)
     if form == "tensorrt" and share < MIN_TENSORRT_INT8_SHARE:  # GPU speed is not measurable here; compute is
         miss.append(f"int8_mac_share {share:.3f} < {MIN_TENSORRT_INT8_SHARE:.3f}: the FP16 plan would be faster")
     if miss and borrowed:  # no recipe was ever searched for this CPU's kernels: FP32 here, not a failed build
@@ -278,13 +278,13 @@ def replay(spec, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                       test=metrics["test"], speed=speed, missed_here=miss)
         return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
                          f"{here} CPU ({'; '.join(miss)}); search this CPU's with "
-                         f"`make int8-search MODEL={spec.NAME} FORM=served` and commit it")
+                         f"`make int8-search MODEL={kind.NAME} FORM=served` and commit it")
     tmp.replace(out)
     report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
                   recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
                   test=metrics["test"], speed=speed, int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out),
                   quantize_s=round(calib_s, 1))
-    _write_report(spec, form, report)
+    _write_report(kind, form, report)
     return Outcome(form, out, report["status"], miss)
 
 
@@ -302,11 +302,11 @@ def write_fp32_fallback(fp32: Path, out: Path, reason: str) -> None:
     onnx.save(model, str(out))
 
 
-def _search_summary(spec, form: str) -> dict:
+def _search_summary(kind, form: str) -> dict:
     """The search's steps and float units, from its report when this machine ran it."""
-    path = REPORTS / f"{spec.NAME}_int8_search.json"
+    path = REPORTS / f"{kind.NAME}_int8_search.json"
     if not path.exists():
-        return {"note": f"search report not on this machine; re-run with `{search_command(spec)}`"}
+        return {"note": f"search report not on this machine; re-run with `{search_command(kind)}`"}
     full = json.loads(path.read_text())["search"].get(form, {})
     return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed")}
 
@@ -316,10 +316,10 @@ def _loud(msg: str) -> None:
     print(f"{bar}\n[int8] WARNING: {msg}\n{bar}", file=sys.stderr, flush=True)
 
 
-def _write_report(spec, form: str, report: dict) -> None:
+def _write_report(kind, form: str, report: dict) -> None:
     from tritonkit.export import write_json
 
-    path = report_path(spec, form)
+    path = report_path(kind, form)
     write_json(path, report)
     path.with_suffix(".md").write_text(render_markdown(report))
     print(render_markdown(report), flush=True)
@@ -327,22 +327,22 @@ def _write_report(spec, form: str, report: dict) -> None:
 
 # -- reading reports back (serve, demo, docs) ----------------------------------------------------------------
 
-def served_problems(spec) -> list[str]:
-    """Why the served INT8 model of `spec` must not be served here (empty: fine). FP32 fallback is allowed."""
-    path = report_path(spec)
-    fix = f"run `make build` (replays models/{spec.NAME}.int8.json) or `{search_command(spec)}`"
+def served_problems(kind) -> list[str]:
+    """Why the served INT8 model of `kind` must not be served here (empty: fine). FP32 fallback is allowed."""
+    path = report_path(kind)
+    fix = f"run `make build` (replays models/{kind.NAME}.int8.json) or `{search_command(kind)}`"
     if not path.exists():
-        return [f"{spec.NAME}: no INT8 report ({paths.rel(path)}); {fix}"]
+        return [f"{kind.NAME}: no INT8 report ({paths.rel(path)}); {fix}"]
     report = json.loads(path.read_text())
     if report.get("status") == FALLBACK:
         return []
     problems = []
     if not report.get("passed"):
-        problems.append(f"{spec.NAME}: INT8 missed {', '.join(report.get('missed', [])) or 'its gates'}; "
-                        f"re-run the search: `{search_command(spec)}`")
+        problems.append(f"{kind.NAME}: INT8 missed {', '.join(report.get('missed', [])) or 'its gates'}; "
+                        f"re-run the search: `{search_command(kind)}`")
     diffs = envinfo.differences(report.get("env", {}))
     if diffs:
-        problems.append(f"{spec.NAME}: INT8 report was made with {'; '.join(diffs)}; {fix}")
+        problems.append(f"{kind.NAME}: INT8 report was made with {'; '.join(diffs)}; {fix}")
     return problems
 
 
@@ -473,26 +473,26 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
     earlier = _search_sections(out.read_text()) if out.exists() else {}
     pages, rows = [f"# INT8 results\n\n{head}\n"], []
     for name in kinds.names():
-        spec = kinds.get(name)
+        kind = kinds.get(name)
         for form in FORMS:
-            path = report_path(spec, form)
+            path = report_path(kind, form)
             if not path.exists():
                 continue
             report = json.loads(path.read_text())
             page = render_markdown(report).replace("# ", "## ", 1)
-            if not (report.get("search") or {}).get("steps") and (spec.NAME, form) in earlier:
+            if not (report.get("search") or {}).get("steps") and (kind.NAME, form) in earlier:
                 page += ("\n_Search log of an earlier run (kept from the previous "
                          f"{paths.rel(out)}; this build replayed the committed recipe):_\n\n"
-                         + earlier[spec.NAME, form])
+                         + earlier[kind.NAME, form])
             pages.append(page)
             test, half = report.get("test", {}), (report.get("floor") or {}).get("test", {})
             bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
             # Result, then the floor and the bound it sets (a bare result: no floor on this CPU, absolute gates).
             accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}"
                                  + (f" (floor {half[t.metric]:.4f}, gate {bounds.get(t.metric, t.value):.4f})"
-                                    if t.metric in half else "") for t in spec.TARGETS if t.metric in test)
+                                    if t.metric in half else "") for t in kind.TARGETS if t.metric in test)
             speed = report.get("speed", {}).get("int8_speedup")
-            rows.append(f"| {spec.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "
+            rows.append(f"| {kind.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "
                         f"{accuracy or '-'} | {f'{speed:.2f}x' if speed else '-'} |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(pages))

@@ -414,18 +414,18 @@ TOLERANCE_FACTOR = 2.0
 TOLERANCE_FLOOR = 1e-4
 
 
-def axis_limits(spec) -> dict[str, int]:
+def axis_limits(kind) -> dict[str, int]:
     """Each non-batch dynamic axis → the longest size the serving side emits (a text model's MAX_LENGTH): profiles
     are sized from what the tokenizer produces, never from the validation feeds at hand."""
-    axes = {a for axes in spec.EXPORT.inputs.values() for a in axes.values() if a != BATCH_AXIS}
-    if axes and not hasattr(spec, "MAX_LENGTH"):
-        raise EngineError(f"spec '{spec.NAME}' has dynamic axes {sorted(axes)} but no MAX_LENGTH to size them")
-    return {a: int(spec.MAX_LENGTH) for a in axes}
+    axes = {a for axes in kind.EXPORT.inputs.values() for a in axes.values() if a != BATCH_AXIS}
+    if axes and not hasattr(kind, "MAX_LENGTH"):
+        raise EngineError(f"spec '{kind.NAME}' has dynamic axes {sorted(axes)} but no MAX_LENGTH to size them")
+    return {a: int(kind.MAX_LENGTH) for a in axes}
 
 
-def validation_feeds(spec) -> list[dict[str, np.ndarray]]:
+def validation_feeds(kind) -> list[dict[str, np.ndarray]]:
     """Every point of the spec's validation grid (real inputs), the longest lengths included."""
-    return [dict(spec.EXPORT.sample_inputs(point).feeds) for point in spec.EXPORT.validation_grid]
+    return [dict(kind.EXPORT.sample_inputs(point).feeds) for point in kind.EXPORT.validation_grid]
 
 
 def axis_maxima(feeds: Sequence[Mapping[str, np.ndarray]], dims: Mapping[str, Sequence[int | str]]) -> dict:
@@ -494,12 +494,12 @@ def trt_source_onnx(model_dir: Path, model: str) -> Path:
     return trt_form if trt_form.exists() else Path(model_dir) / "1" / "model.onnx"
 
 
-def int8_plan_refusal(spec) -> str | None:
+def int8_plan_refusal(kind) -> str | None:
     """Why no INT8 plan is built, when the TensorRT-form INT8 report did not pass (no recipe met the gates with
     enough of the compute in INT8: its Q/DQ graph is the FP32 model or nearly float); None to build it."""
     from tritonkit.int8 import recipe
 
-    report = recipe.report_path(spec, "tensorrt")
+    report = recipe.report_path(kind, "tensorrt")
     if not report.exists():
         return None
     data = json.loads(report.read_text())
@@ -507,7 +507,7 @@ def int8_plan_refusal(spec) -> str | None:
         return None
     why = "; ".join(data.get("missed") or []) or data.get("reason") or data.get("status", "")
     return (f"no INT8 plan: the TensorRT-form INT8 graph did not pass ({why}; {paths.rel(report)}); the FP16 plan "
-            f"serves. Re-search with `{recipe.search_command(spec)}`")
+            f"serves. Re-search with `{recipe.search_command(kind)}`")
 
 
 def plan_devices(gpus: Sequence[Gpu], wanted: Iterable[str] | None = None) -> tuple[list[Gpu], list[str]]:
@@ -528,11 +528,11 @@ def device_env(gpu: Gpu, base: Mapping[str, str] | None = None) -> dict[str, str
     return env
 
 
-def build_model_engines(spec, env: Environment, repository: Path = paths.MODEL_REPOSITORY,
+def build_model_engines(kind, env: Environment, repository: Path = paths.MODEL_REPOSITORY,
                         precisions: Sequence[str] = PRECISIONS, target: ServerTarget | None = None,
                         ccs: Iterable[str] | None = None) -> list[Step]:
     target = target or target_server()
-    sources = {"int8": spec.INT8_MODEL, "fp16": spec.FP32_MODEL}
+    sources = {"int8": kind.INT8_MODEL, "fp16": kind.FP32_MODEL}
     steps = []
     for precision in precisions:
         model_dir = Path(repository) / sources[precision]
@@ -542,7 +542,7 @@ def build_model_engines(spec, env: Environment, repository: Path = paths.MODEL_R
             step.detail = f"TensorRT plan not built: {env.skip_reason}"
             steps.append(step)
             continue
-        unfit = int8_plan_refusal(spec) if precision == "int8" else None
+        unfit = int8_plan_refusal(kind) if precision == "int8" else None
         if unfit:
             step.detail = unfit
             steps.append(step)
@@ -553,27 +553,27 @@ def build_model_engines(spec, env: Environment, repository: Path = paths.MODEL_R
             continue
         try:
             check_builder(env.trt_version, target)
-            steps.append(_build_one(spec, env, model_dir, onnx_path, precision, repository, target, ccs))
+            steps.append(_build_one(kind, env, model_dir, onnx_path, precision, repository, target, ccs))
         except EngineError as err:
             step.status, step.detail = "failed", str(err)
             steps.append(step)
     return steps
 
 
-def _plan_inputs(spec, model_dir: Path, onnx_path: Path, precision: str):
+def _plan_inputs(kind, model_dir: Path, onnx_path: Path, precision: str):
     """(source config, profiles, feeds, tolerances, FP32 reference ONNX, low-precision ORT form) of one plan."""
     src_cfg = load_config(Path(model_dir) / "config.pbtxt")
-    fp32_onnx = Path(model_dir).parent / spec.FP32_MODEL / "1" / "model.onnx"
+    fp32_onnx = Path(model_dir).parent / kind.FP32_MODEL / "1" / "model.onnx"
     dims = onnx_input_dims(onnx_path)
-    profiles = profiles_for(dims, src_cfg.max_batch_size, axis_limits(spec))
-    feeds = validation_feeds(spec)
+    profiles = profiles_for(dims, src_cfg.max_batch_size, axis_limits(kind))
+    feeds = validation_feeds(kind)
     feeds += extreme_feeds(feeds, profiles)
     low = onnx_path if precision == "int8" else fp16_cast(fp32_onnx, paths.ARTIFACTS / f"{src_cfg.name}_fp16.onnx")
-    tolerances = derive_tolerances(fp32_onnx, low, feeds, list(spec.EXPORT.outputs))
+    tolerances = derive_tolerances(fp32_onnx, low, feeds, list(kind.EXPORT.outputs))
     return src_cfg, profiles, feeds, tolerances, fp32_onnx, low
 
 
-def build_device_plan(spec, env: Environment, model_dir: Path, onnx_path: Path, precision: str,
+def build_device_plan(kind, env: Environment, model_dir: Path, onnx_path: Path, precision: str,
                       repository: Path, target: ServerTarget) -> Path:
     """On the one device this process sees: build, validate every profile, write the plan and its metadata."""
     if len(env.gpus) != 1:
@@ -581,7 +581,7 @@ def build_device_plan(spec, env: Environment, model_dir: Path, onnx_path: Path, 
     check_builder(env.trt_version, target)
     gpu = env.gpus[0]
     recipe = recipe_for(env.trt_version, precision)
-    src_cfg, profiles, feeds, tolerances, fp32_onnx, low = _plan_inputs(spec, model_dir, onnx_path, precision)
+    src_cfg, profiles, feeds, tolerances, fp32_onnx, low = _plan_inputs(kind, model_dir, onnx_path, precision)
     build_input = low if recipe.onnx_source == "fp16_cast" else onnx_path
     plan = Path(repository) / trt_model_name(src_cfg.name, precision) / "1" / plan_filename(gpu)
     started = time.time()
@@ -601,18 +601,18 @@ def build_device_plan(spec, env: Environment, model_dir: Path, onnx_path: Path, 
     return plan
 
 
-def _build_one(spec, env: Environment, model_dir: Path, onnx_path: Path, precision: str,
+def _build_one(kind, env: Environment, model_dir: Path, onnx_path: Path, precision: str,
                repository: Path, target: ServerTarget, ccs: Iterable[str] | None = None) -> Step:
     src_cfg = load_config(Path(model_dir) / "config.pbtxt")
     name = trt_model_name(src_cfg.name, precision)
     devices, missing = plan_devices(env.gpus, ccs)
     for gpu in devices:
         if len(env.gpus) == 1:
-            build_device_plan(spec, env, model_dir, onnx_path, precision, repository, target)
+            build_device_plan(kind, env, model_dir, onnx_path, precision, repository, target)
             continue
         # A process builds on the device it sees; CUDA_VISIBLE_DEVICES picks one of this capability.
         result = subprocess.run(
-            [sys.executable, "-m", "tritonkit.tensorrt.engines", spec.NAME, "--precision", precision, "--device-job",
+            [sys.executable, "-m", "tritonkit.tensorrt.engines", kind.NAME, "--precision", precision, "--device-job",
              "--repository", str(repository)],
             env=device_env(gpu), capture_output=True, text=True, cwd=paths.ROOT)
         if result.returncode != 0:
@@ -625,7 +625,7 @@ def _build_one(spec, env: Environment, model_dir: Path, onnx_path: Path, precisi
         check_plan_metadata(meta, target, str(plan))
         plans[gpu.cc] = plan.name
         files += [str(plan), str(plan.with_suffix(".json"))]
-    profiles = profiles_for(onnx_input_dims(onnx_path), src_cfg.max_batch_size, axis_limits(spec))
+    profiles = profiles_for(onnx_input_dims(onnx_path), src_cfg.max_batch_size, axis_limits(kind))
     throughput = next(i for i, p in enumerate(profiles) if p.name.startswith("throughput"))
     files.append(str(write_config(trt_model_config(model_dir, precision, plans, throughput), repository,
                                   source_dir=model_dir)))
@@ -656,11 +656,11 @@ def _jobs(args):
     from tritonkit import kinds
 
     for name in args.targets:
-        spec = kinds.get(name)
+        kind = kinds.get(name)
         for precision in args.precision or PRECISIONS:
-            source = spec.INT8_MODEL if precision == "int8" else spec.FP32_MODEL
+            source = kind.INT8_MODEL if precision == "int8" else kind.FP32_MODEL
             model_dir = args.repository / source
-            yield name, spec, precision, model_dir, trt_source_onnx(model_dir, source)
+            yield name, kind, precision, model_dir, trt_source_onnx(model_dir, source)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -679,16 +679,16 @@ def main(argv: list[str] | None = None) -> int:
     env = detect()
     target = target_server()
     if args.tolerances:
-        for name, spec, precision, model_dir, onnx in _jobs(args):
-            _, profiles, feeds, tolerances, _, low = _plan_inputs(spec, model_dir, onnx, precision)
+        for name, kind, precision, model_dir, onnx in _jobs(args):
+            _, profiles, feeds, tolerances, _, low = _plan_inputs(kind, model_dir, onnx, precision)
             shapes = sorted({tuple(next(iter(f.values())).shape) for f in feeds})
             print(f"{name} {precision}: ORT form {low.name}; {len(feeds)} feeds, shapes {shapes[0]}..{shapes[-1]}; "
                   f"profiles {[(p.name, next(iter(p.shapes.values()))[2]) for p in profiles]}; "
                   f"(atol, rtol) = {{{', '.join(f'{k}: ({a:.3g}, {r:.3g})' for k, (a, r) in tolerances.items())}}}")
         return 0
     if args.device_job:
-        for _, spec, precision, model_dir, onnx in _jobs(args):
-            build_device_plan(spec, env, model_dir, onnx, precision, args.repository, target)
+        for _, kind, precision, model_dir, onnx in _jobs(args):
+            build_device_plan(kind, env, model_dir, onnx, precision, args.repository, target)
         return 0
     print(f"TensorRT: {env.trt_version or 'not installed'}; GPUs: "
           f"{', '.join(f'{g.name} (sm {g.cc})' for g in env.gpus) or 'none'}; target: NGC {target.release} "
