@@ -317,6 +317,37 @@ class Workspace:
         self.tmp.cleanup()
 
 
+def _passed(step: Step | None) -> bool:
+    return step is not None and step.passed
+
+
+class _Prefixes:
+    """One fallback's candidates: prefix k keeps the ranking's first k units float; each is scored on the search's
+    validation sample at most once. A prefix the form rejects (every unit float: nothing left to quantize) ends the
+    list, as every longer one would be rejected too."""
+
+    def __init__(self, search: Search, name: str, items: list[tuple[str, Recipe]]):
+        self.search, self.name, self.items = search, name, items
+        self.last = len(items) - 1
+        self.scored: dict[int, Step | None] = {}
+
+    def score(self, k: int, whole: bool = False) -> Step | None:
+        unit, r = self.items[k]
+        name = self.name
+        change = name if not k else f"{name} +float {unit}" if k == 1 else f"{name} +{k} units float, to {unit}"
+        if whole:
+            return self.search.measure("fallback", change, r)
+        if k not in self.scored:
+            self.scored[k] = self.search.measure("fallback", change, r, evaluator=self.search.sample)
+        return self.scored[k]
+
+    def buildable(self, k: int) -> int:
+        """The longest prefix up to k the form accepts."""
+        while k > 0 and self.score(k) is None and not self.search.spent():
+            self.last = k = k - 1
+        return k
+
+
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
@@ -519,6 +550,20 @@ class Search:
         adding units one at a time while it does not hold there yet.
         `max_float`: a candidate already passed with that many float nodes; one with as many cannot be faster, so
         only the longest prefix under it is tried first and, when that misses, nothing shorter is."""
+        prefixes = _Prefixes(self, name, self._prefixes(name, start, ranked, max_float))
+        bounds = self._bracket(prefixes, max_float)
+        if bounds is None:
+            return None
+        lo, hi = bounds  # the longest prefix that missed on the sample, the shortest that passed
+        while hi - lo > 1:
+            if self._out_of_budget():
+                return None
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if _passed(prefixes.score(mid)) else (mid, hi)
+        return self._confirm(name, prefixes, hi)
+
+    def _prefixes(self, name: str, start: Recipe, ranked, max_float: int | None) -> list[tuple[str, Recipe]]:
+        """[(unit, recipe)]: `start`, then each next unit of the ranking added to the float nodes."""
         # Past half the units in float a CPU form cannot meet its speed gate; a form without one (TensorRT's,
         # whose speed is the GPU's) may go down the whole ranking.
         budget = ranked[: max(1, len(ranked) // 2)] if self.check_speed else ranked
@@ -535,81 +580,62 @@ class Search:
                          "multiply-accumulates would stay INT8")
                 break
             prefixes.append((unit, r))
-        last = len(prefixes) - 1
-        scored: dict[int, Step | None] = {}
+        return prefixes
 
-        def score(k: int, whole: bool = False) -> Step | None:
-            unit, r = prefixes[k]
-            change = name if not k else f"{name} +float {unit}" if k == 1 else f"{name} +{k} units float, to {unit}"
-            if whole:
-                return self.measure("fallback", change, r)
-            if k not in scored:
-                scored[k] = self.measure("fallback", change, r, evaluator=self.sample)
-            return scored[k]
+    def _out_of_budget(self) -> bool:
+        if self.spent():
+            self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
+        return self.spent()
 
-        def ok(step: Step | None) -> bool:
-            return step is not None and step.passed
+    def _bracket(self, prefixes: _Prefixes, max_float: int | None) -> tuple[int, int] | None:
+        """(lo, hi): prefix lo missed on the sample (-1: none did), prefix hi passed; None: none passes."""
+        if _passed(prefixes.score(0)):
+            return -1, 0
+        if max_float is None:
+            return self._gallop(prefixes)
+        if self._out_of_budget():
+            return None
+        if prefixes.buildable(prefixes.last) == 0 or not _passed(prefixes.score(prefixes.last)):
+            self.log(f"  stopped: no candidate under {max_float} float nodes passes")
+            return None
+        return 0, prefixes.last
 
-        def spent() -> bool:
-            if self.spent():
-                self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
-            return self.spent()
-
-        def buildable(k: int) -> int:
-            """The longest prefix up to k the form accepts; past a rejected one (every unit float: nothing left
-            to quantize) no longer prefix builds either, so those are dropped."""
-            nonlocal last
-            while k > 0 and score(k) is None and not self.spent():
-                last = k = k - 1
-            return k
-
-        lo, hi = -1, None  # the longest prefix that missed on the sample, the shortest that passed
-        if ok(score(0)):
-            hi = 0
-        elif max_float is not None:
-            if spent():
+    def _gallop(self, prefixes: _Prefixes) -> tuple[int, int] | None:
+        """Prefixes 1, 2, 4, ... until one passes, giving up after PATIENCE doublings that do not lower the
+        distortion."""
+        first = prefixes.scored[0]
+        lo, k, best, stale = 0, 1, first.distortion if first else float("inf"), 0
+        while lo < prefixes.last:
+            k = prefixes.buildable(min(k, prefixes.last))
+            if self._out_of_budget():
                 return None
-            if buildable(last) == 0 or not ok(score(last)):
-                self.log(f"  stopped: no candidate under {max_float} float nodes passes")
+            if k <= lo:
                 return None
-            lo, hi = 0, last
-        else:
-            lo, k, best, stale = 0, 1, scored[0].distortion if scored[0] else float("inf"), 0
-            while lo < last:
-                k = buildable(min(k, last))
-                if spent():
-                    return None
-                if k <= lo:
-                    break
-                step = scored[k]
-                if ok(step):
-                    hi = k
-                    break
-                lo = k
-                best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
-                if stale >= PATIENCE:
-                    self.log(f"  stopped: no improvement in {PATIENCE} doublings of the float units")
-                    return None
-                k *= 2
-            if hi is None:
+            step = prefixes.scored[k]
+            if _passed(step):
+                return lo, k
+            lo = k
+            best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
+            if stale >= PATIENCE:
+                self.log(f"  stopped: no improvement in {PATIENCE} doublings of the float units")
                 return None
-        while hi - lo > 1:
-            if spent():
-                return None
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if ok(score(mid)) else (mid, hi)
-        # Passed on the sample: the whole split decides from here on.
-        step = self.measure("confirm", f"{name} on all validation", prefixes[hi][1], speed=True)
-        if ok(step):
-            return prefixes[hi][1]
+            k *= 2
+        return None
+
+    def _confirm(self, name: str, prefixes: _Prefixes, hi: int) -> Recipe | None:
+        """Prefix `hi` passed on the sample: the whole validation split decides, adding units while it misses."""
+        recipe = prefixes.items[hi][1]
+        step = self.measure("confirm", f"{name} on all validation", recipe, speed=True)
+        if _passed(step):
+            return recipe
         if self.check_speed and step is not None and step.speedup is not None and step.speedup < self.early_speed:
             self.log("  stopped: the speed gate no longer holds")
             return None
-        for k in range(hi + 1, last + 1):
-            if spent():
+        for k in range(hi + 1, prefixes.last + 1):
+            if self._out_of_budget():
                 return None
-            if ok(score(k, whole=True)):
-                return prefixes[k][1]
+            if _passed(prefixes.score(k, whole=True)):
+                return prefixes.items[k][1]
         return None
 
     def run(self) -> SearchResult:
