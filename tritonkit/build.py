@@ -109,6 +109,14 @@ def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, 
     return path, True
 
 
+def speed_variants(kind) -> tuple[str, str]:
+    """The runtime variants this CPU class serves the FP32 and INT8 models on (models/<name>.runtime.json; ONNX
+    Runtime before any choice): INT8 must beat FP32 as each is served."""
+    from tritonkit.repository import runtime_choice
+
+    return runtime_choice.variant_for(kind, kind.FP32_MODEL), runtime_choice.variant_for(kind, kind.INT8_MODEL)
+
+
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = None, search_form: str | None = None,
@@ -123,7 +131,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
         if data is None:
             _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(kind))}): searching")
         data = recipe.search(kind, fp32, progress=progress, budget_s=search_budget_s,
-                             only=search_form if run_search else None)
+                             only=search_form if run_search else None, speed_variants=speed_variants(kind))
         force = True
     outcomes = []
     for form, out, stage in (("served", paths.model_file(kind.INT8_MODEL), "int8"),
@@ -141,7 +149,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
         _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(kind))} → "
              f"{paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress)
+        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress, speed_variants=speed_variants(kind))
         outcomes.append(outcome)
         if outcome.status != "failed":
             _stamp(kind.NAME, stage, fingerprint)

@@ -22,6 +22,7 @@ from tritonkit import envinfo, paths
 from tritonkit.errors import GateError
 from tritonkit.int8.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, speedup
 from tritonkit.kinds.gates import missed
+from tritonkit.serving.runtimes import DEFAULT
 
 RECIPES = paths.SPECS
 REPORTS = paths.REPORTS
@@ -50,9 +51,10 @@ def _log(msg: str) -> None:
 # -- search --------------------------------------------------------------------------------------------------
 
 def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = None,
-           only: str | None = None) -> dict:
+           only: str | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> dict:
     """Search both forms (or `only` one, keeping the other's committed recipe and log), each within budget_s when
-    given; write the committed recipe file and the full search report; returns the recipe data."""
+    given; write the committed recipe file and the full search report; returns the recipe data. `speed_variants`:
+    the runtime variants that serve the FP32 and INT8 models here, which the speed gate times."""
     from tritonkit.export import write_json
 
     t0 = time.perf_counter()
@@ -85,7 +87,8 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = Non
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
             half = form_floor(kind, fp32, form)
             result = Search(kind, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
-                            log=_log, workspace=workspace, exact=form == "tensorrt", floor=half).run()
+                            log=_log, workspace=workspace, exact=form == "tensorrt", floor=half,
+                            speed_variants=speed_variants).run()
             full[form] = result.to_json()
             entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
@@ -216,7 +219,8 @@ def form_floor(kind, fp32: Path, form: str) -> dict:
     return half
 
 
-def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = True) -> Outcome:
+def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = True,
+           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
     from tritonkit.int8.quantize import quantize
@@ -265,7 +269,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     # TensorRT's INT8 arithmetic is exact: its form is judged so on every CPU (evaluate.session).
     metrics = {split: Evaluator(kind, fp32, split).metrics(tmp, exact=form == "tensorrt")
                for split in ("validation", "test")}
-    speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES) if form == "served" else {}
+    speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES, variants=speed_variants) if form == "served" else {}
     miss = [f"{split}: {m}" for split in metrics for m in missed(targets[split], metrics[split])]
     if form == "served" and not kind.SPEED_TARGET.met(speed):
         miss += missed([kind.SPEED_TARGET], speed)
@@ -282,7 +286,8 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     tmp.replace(out)
     report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
                   recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
-                  test=metrics["test"], speed=speed, int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out),
+                  test=metrics["test"], speed=speed, speed_variants=list(speed_variants) if speed else None,
+                  int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out),
                   quantize_s=round(calib_s, 1))
     _write_report(kind, form, report)
     return Outcome(form, out, report["status"], miss)

@@ -36,6 +36,7 @@ from tritonkit.int8.checks import int8_share
 from tritonkit.int8.evaluate import reference, run_batches, session
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.kinds.gates import Target, missed
+from tritonkit.serving.runtimes import DEFAULT, open_variant
 
 PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
 # A strongly typed TensorRT network runs a Q/DQ graph's float nodes in FP32: at a quarter of INT8's tensor-core
@@ -204,20 +205,34 @@ class Evaluator:
 
 
 def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats: int = 7,
-            min_sample_s: float = 0.02) -> dict[str, float]:
-    """INT8 ÷ FP32 throughput per batch size, single-instance threads as served, runs interleaved (median).
+            min_sample_s: float = 0.02, variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> dict[str, float]:
+    """INT8 ÷ FP32 throughput per batch size, each file on the variant that serves it (`variants`: FP32's, INT8's;
+    tritonkit.serving.runtimes.VARIANTS), single-instance threads as served, runs interleaved (median).
 
     Each sample loops a run until it lasts `min_sample_s`: a small model's single run takes tens of microseconds,
     where the timer and the scheduler decide the ratio."""
-    sessions = {"fp32": session(fp32, spec.SERVE_THREADS), "int8": session(model, spec.SERVE_THREADS)}
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="tritonkit-speed-") as tmp:
+        if not isinstance(model, str | Path):  # a candidate built in memory: the runtimes open files
+            onnx.save(model, str(Path(tmp) / "candidate.onnx"))
+            model = Path(tmp) / "candidate.onnx"
+        sessions = {"fp32": open_variant(variants[0], fp32, spec.SERVE_THREADS),
+                    "int8": open_variant(variants[1], model, spec.SERVE_THREADS)}
+        return _timed(spec, sessions, batches, repeats, min_sample_s)
+
+
+def _timed(spec: SearchSpec, sessions: dict, batches: Sequence[int], repeats: int, min_sample_s: float
+           ) -> dict[str, float]:
     out: dict[str, float] = {}
+    names = {k: [s.runner.output_names[0]] for k, s in sessions.items()}
     for batch in batches:
         feeds = spec.speed_feeds(batch)
         loops: dict[str, int] = {}
         for k, s in sessions.items():
-            s.run(None, feeds)
+            s.run(names[k], feeds)
             t0 = time.perf_counter()
-            s.run(None, feeds)
+            s.run(names[k], feeds)
             loops[k] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-6)))
         n = max(loops.values())  # the same loop count for both, so each sample costs them alike
         times: dict[str, list[float]] = {k: [] for k in sessions}
@@ -225,7 +240,7 @@ def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats
             for k, s in sessions.items():
                 t0 = time.perf_counter()
                 for _ in range(n):
-                    s.run(None, feeds)
+                    s.run(names[k], feeds)
                 times[k].append((time.perf_counter() - t0) / n)
         fp32_ms, int8_ms = (float(np.median(times[k])) * 1e3 for k in ("fp32", "int8"))
         out[f"fp32_ms_batch{batch}"] = fp32_ms
@@ -353,7 +368,7 @@ class Search:
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
                  budget_s: float | None = None, progress: bool = True, log: Callable = print,
                  workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None,
-                 floor: dict | None = None):
+                 floor: dict | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)):
         from tritonkit.int8 import floor as floors
 
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
@@ -363,6 +378,7 @@ class Search:
                         for split in ("validation", "test")}
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
+        self.speed_variants = speed_variants  # (FP32's, INT8's) serving variants: the speed gate times on them
         self.exact = exact  # judge candidates by exact INT8 arithmetic (a GPU form), not this CPU's kernels
         # Without a speed gate, compute stands in for speed (MIN_TENSORRT_INT8_SHARE); with one, speed decides.
         self.min_int8_share = (0.0 if check_speed else MIN_TENSORRT_INT8_SHARE) if min_int8_share is None \
@@ -452,7 +468,8 @@ class Search:
         metrics = (evaluator or self.val).metrics(model, exact=self.exact)
         sp = None
         if speed and self.check_speed:
-            sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3)["int8_speedup"]
+            sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
+                         variants=self.speed_variants)["int8_speedup"]
         step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
                     passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
         self.steps.append(step)
@@ -684,8 +701,8 @@ class Search:
                     if best is not None:
                         failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
                     continue
-                speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES) \
-                    if self.check_speed else {}
+                speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES,
+                                variants=self.speed_variants) if self.check_speed else {}
                 self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
                 finals.append((recipe, speed))
             if self.check_speed:

@@ -29,15 +29,8 @@ import numpy as np
 
 from tritonkit import envinfo, paths
 from tritonkit.serving import runtimes
+from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
 
-DEFAULT = "onnxruntime"
-# What a served file can run as: runtime and the config parameters that select it. bf16 only for files judged by
-# accuracy gates (the INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
-VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "onnxruntime": ("onnxruntime", ()),
-    "openvino": ("openvino", (("packed_width_multiple", "16"),)),
-    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"), ("packed_width_multiple", "16"))),
-}
 # Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
 # kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
 MIXES = 24
@@ -113,27 +106,6 @@ def served_file(path: Path) -> Path:
 
 def _output(kind) -> str:
     return getattr(kind, "OUTPUT", None) or kind.OUTPUTS[0]
-
-
-class _Session:
-    """An onnxruntime-style `run(names, feeds)` over a runner, for the kinds' evaluation helpers."""
-
-    def __init__(self, runner):
-        self.runner = runner
-
-    def run(self, names, feeds, *_):
-        feeds = {k: v for k, v in feeds.items() if k in self.runner.input_names}
-        return self.runner.run(list(names), feeds, len(next(iter(feeds.values()))))[0]
-
-
-def _config(threads: int, variant: str = DEFAULT) -> dict:
-    params = {"intra_op_thread_count": str(threads), "INFERENCE_NUM_THREADS": str(threads),
-              "arena_release_batch": "0", **dict(VARIANTS[variant][1])}
-    return {"name": "runtime-choice", "parameters": {k: {"string_value": v} for k, v in params.items()}}
-
-
-def open_variant(variant: str, path: Path, threads: int) -> _Session:
-    return _Session(runtimes.open_runner(VARIANTS[variant][0], path, _config(threads, variant)))
 
 
 def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndarray]]:

@@ -87,6 +87,7 @@ class OrtRunner:
         self.options = session_options(config)
         self.session = ort.InferenceSession(str(path), self.options, providers=["CPUExecutionProvider"])
         self.input_names = {i.name for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
         # Each input's dims, None where the graph leaves them free.
         self.input_shapes = {i.name: [d if isinstance(d, int) else None for d in i.shape]
                              for i in self.session.get_inputs()}
@@ -124,6 +125,7 @@ class OpenVinoRunner:
         self.compiled = core.compile_model(str(path), "CPU", self.properties)
         self.request = self.compiled.create_infer_request()
         self.input_names = {name for port in self.compiled.inputs for name in port.get_names()}
+        self.output_names = [port.get_any_name() for port in self.compiled.outputs]
         self.input_shapes = {name: [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
                              for port in self.compiled.inputs for name in port.get_names()}
         # OpenVINO drops ONNX metadata_props; the packed pooling and fallback marks live there (an IR has none).
@@ -161,6 +163,38 @@ def runner_class(runtime: str):
 def open_runner(runtime: str, path: Path, config: dict):
     """A runner for `path` on `runtime` ("onnxruntime" | "openvino"), configured by `config`'s parameters."""
     return runner_class(runtime)(Path(path), config)
+
+
+DEFAULT = "onnxruntime"
+# What a served file can run as: runtime and the config parameters that select it (tritonkit.repository.runtime_choice
+# picks one per served model; the INT8 speed gate times on it). bf16 only for files judged by accuracy gates (the
+# INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
+VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "onnxruntime": ("onnxruntime", ()),
+    "openvino": ("openvino", (("packed_width_multiple", "16"),)),
+    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"), ("packed_width_multiple", "16"))),
+}
+
+
+class VariantSession:
+    """An onnxruntime-style `run(names, feeds)` over a runner, for offline evaluation and timing as served."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def run(self, names, feeds, *_):
+        feeds = {k: v for k, v in feeds.items() if k in self.runner.input_names}
+        return self.runner.run(list(names), feeds, len(next(iter(feeds.values()))))[0]
+
+
+def variant_config(threads: int, variant: str = DEFAULT) -> dict:
+    params = {"intra_op_thread_count": str(threads), "INFERENCE_NUM_THREADS": str(threads),
+              "arena_release_batch": "0", **dict(VARIANTS[variant][1])}
+    return {"name": "runtime-choice", "parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+def open_variant(variant: str, path: Path, threads: int) -> VariantSession:
+    return VariantSession(open_runner(VARIANTS[variant][0], path, variant_config(threads, variant)))
 
 
 def versions() -> dict[str, str]:
