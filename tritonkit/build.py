@@ -123,7 +123,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                forms: Sequence[str] = recipe.FORMS) -> list[recipe.Outcome]:
     """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
-    data = recipe.load_recipes(kind)
+    data, variants = recipe.load_recipes(kind), speed_variants(kind)
     if data is None and not (run_search or search_if_missing):
         raise recipe.GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(kind))}); run "
                                f"`{recipe.search_command(kind)}` (minutes) and commit the file it writes")
@@ -131,7 +131,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
         if data is None:
             _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(kind))}): searching")
         data = recipe.search(kind, fp32, progress=progress, budget_s=search_budget_s,
-                             only=search_form if run_search else None, speed_variants=speed_variants(kind))
+                             only=search_form if run_search else None, speed_variants=variants)
         force = True
     outcomes = []
     for form, out, stage in (("served", paths.model_file(kind.INT8_MODEL), "int8"),
@@ -149,7 +149,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
         _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(kind))} → "
              f"{paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress, speed_variants=speed_variants(kind))
+        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress, speed_variants=variants)
         outcomes.append(outcome)
         if outcome.status != "failed":
             _stamp(kind.NAME, stage, fingerprint)

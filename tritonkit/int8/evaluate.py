@@ -37,7 +37,7 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
 
 
 def reference(kind, fp32: Path, split: str, batches: Sequence[Feeds] | None = None) -> np.ndarray:
-    """The FP32 graph's outputs over `spec.eval_batches(split)` (rows in that order), computed once per process and
+    """The FP32 graph's outputs over `kind.eval_batches(split)` (rows in that order), computed once per process and
     file version; `batches` when the caller already holds that split's batches."""
     stat = Path(fp32).stat()
     key = (getattr(kind, "NAME", id(kind)), str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, split)

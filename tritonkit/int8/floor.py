@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
-from tritonkit.int8.evaluate import run_batches, session
+from tritonkit.int8.evaluate import reference
 
 PRECISION = {"served": "bf16", "tensorrt": "fp16"}
 
 
 def targets(kind, floor: Mapping[str, float] | None) -> list:
-    """`spec.TARGETS` judged against `floor` (this split's half-precision metrics; None: absolute gates), plus the
+    """`kind.TARGETS` judged against `floor` (this split's half-precision metrics; None: absolute gates), plus the
     kind's catastrophe bounds on metrics the gates do not name."""
     slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
     bounds = {t.metric: t for t in getattr(kind, "CATASTROPHE", ())}
@@ -122,11 +122,11 @@ def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validati
         out["unavailable"] = str(err)
         return out
     out["how"] = how(precision)
-    ref = session(fp32)
     for split in splits:
         batches = kind.eval_batches(split)
         got = np.concatenate([run(b) for b in batches]).astype(np.float32)
-        out[split] = {k: round(float(v), 6) for k, v in kind.gate_metrics(run_batches(ref, batches), got).items()}
+        ref = reference(kind, fp32, split, batches)  # shared with the search's and the replay's gate checks
+        out[split] = {k: round(float(v), 6) for k, v in kind.gate_metrics(ref, got).items()}
     if record is not None:
         import datetime
 

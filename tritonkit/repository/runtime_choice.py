@@ -169,14 +169,15 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def source_digest(kind, fp32: Path) -> str:
-    """What an INT8 file is built from: the FP32 file, this class's committed served recipe and the package versions.
+def source_digest(kind, fp32_digest: str) -> str:
+    """What an INT8 file is built from: the FP32 file (its `_digest`), this class's committed served recipe and the
+    package versions.
     Lite0's calibration (histograms over multi-threaded runs) differs in the last bits between builds, so a fresh
     clone's INT8 file never hashes like the measured one although it serves the same."""
     from tritonkit.int8 import recipe
 
     served = (recipe.load_recipes(kind) or {}).get("served", {})
-    blob = json.dumps([_digest(fp32), served, envinfo.versions()], sort_keys=True, default=str)
+    blob = json.dumps([fp32_digest, served, envinfo.versions()], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -233,10 +234,11 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
     files = {kind.FP32_MODEL: (fp32, False)}
     if int8 is not None and int8.exists():
         files[kind.INT8_MODEL] = (int8, True)
-    records = dict(current.get("models", {}))
+    records, fp32_digest = dict(current.get("models", {})), _digest(fp32)
     for model, (path, gated) in files.items():
-        old, digest, served = records.get(model), _digest(path), paths.rel(served_file(path))
-        source = source_digest(kind, fp32) if gated else digest
+        old, served = records.get(model), paths.rel(served_file(path))
+        digest = fp32_digest if path == fp32 else _digest(path)
+        source = source_digest(kind, fp32_digest) if gated else digest
         same = digest == old.get("sha256") or source == old.get("source") if old else False
         if not force and same and old.get("file") == served:
             records[model] = {**old, "source": source}
