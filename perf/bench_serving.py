@@ -5,7 +5,7 @@
 
 Each variant is a scratch model repository holding the spec's ensemble, its preprocessor and its INT8 model
 (version directories linked, configs copied and edited through Triton's own schema), served by a fresh
-tritonserver and driven closed-loop by 16 callers: texts by the perf lab's HTTP load generator
+tritonserver and driven closed-loop by 16 callers: texts by wrk, the perf lab's native HTTP load generator
 (tritonkit.perf.peers.http_point, one real benchmark text per request), images by tritonkit.perf.load's gRPC generator
 (one of the lab's JPEG photos per request). While it runs, the CPU time of every process (tritonserver, each Python
 stub, the load generator) is read from /proc (tritonkit.perf.load, as the soak does). For text, the server's CPU per

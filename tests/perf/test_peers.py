@@ -5,6 +5,7 @@ in-process ceiling, and the table's ratios."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import types
 
@@ -87,6 +88,10 @@ def test_load_generator_gets_real_embeddings_from_our_server(start_server):
     broken = peers.triton_http(server.http_url, "no_such_model")
     with pytest.raises(peers.PeerUnavailable, match=r"HTTP 404.*unknown model"):
         peers.http_point(broken, texts, concurrency=2, seconds=0.5)
+    # Requests that fail under load (the first one succeeds) fail the point too: wrk counts the 400s.
+    bad = dataclasses.replace(ours, body=lambda t: ours.body(t) if t == texts[0] else b'{"inputs": 1}')
+    with pytest.raises(peers.PeerUnavailable, match=r"requests failed under wrk.*'status': [1-9]"):
+        peers.http_point(bad, texts[:8], concurrency=2, seconds=1)
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ class Contender:
 
     key: str
     run: Callable[[], PerfPoint]
-    where: str = "in-process"  # or "server": called over HTTP by tritonkit.perf.peers.http_point
+    where: str = "in-process"  # or "server": called over HTTP by wrk (tritonkit.perf.peers.http_point)
 
 
 @dataclass
@@ -132,7 +132,7 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
     from tritonkit.perf import baselines, peers
 
     texts, s, c = data.split("benchmark"), settings.baseline_seconds, pipeline(name).ratio_concurrency
-    ours = peers.triton_http(server.http_url, name, f"tritonkit {name} (Triton HTTP/REST, same load generator)")
+    ours = peers.triton_http(server.http_url, name, f"tritonkit {name} (Triton HTTP/REST, wrk)")
     out = [
         Contender("served_http", lambda: peers.http_point(ours, texts, c, s), "server"),
         Contender("onnx_int8", lambda: baselines.onnx_text(texts, s, name, "int8")),
@@ -143,7 +143,7 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
     ]
     if kinds.get(name).spec.serving.fused:  # the same pipeline in one stub, same generator
         fused = peers.triton_http(server.http_url, f"{name}_fused",
-                                  f"tritonkit {name}_fused (one stub, Triton HTTP/REST, same load generator)")
+                                  f"tritonkit {name}_fused (one stub, Triton HTTP/REST, wrk)")
         out.insert(1, Contender("served_fused_http", lambda: peers.http_point(fused, texts, c, s), "server"))
     skipped = []
     if not settings.peers:

@@ -4,8 +4,8 @@
   sentence-transformers' ONNX backend and its OpenVINO backend (FP32, and static INT8 by NNCF on calibration texts
   the caller passes) each live in their own virtualenv under build/peers/, installed on demand with uv, so their
   dependencies never touch the project's venv.
-- One HTTP load generator (`http_point`) for every server: closed loop, N concurrent callers with a keep-alive
-  connection each, one text per request, the same real texts; our server is called on Triton's HTTP/REST
+- One native HTTP load generator for every server (`http_point`, driving wrk): closed loop, N keep-alive
+  connections, one text per request, the same real texts; our server is called on Triton's HTTP/REST
   (KServe v2) infer endpoint of the ensemble, Infinity on its OpenAI-style /embeddings.
 - In-process runners that must execute inside a peer venv (`python -m tritonkit.perf.peers st-run ...`) print one
   JSON PerfPoint timed by `tritonkit.perf.analyzer.time_in_process`, like every other baseline.
@@ -30,7 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -463,31 +463,68 @@ def triton_http(http_url: str, model: str, label: str | None = None) -> PeerServ
                       f"/v2/models/{model}/infer", body, lambda r: r["outputs"][0]["data"])
 
 
-class _Caller(threading.local):
-    conn: http.client.HTTPConnection | None = None
+# wrk's Lua: each thread reads the bodies once, cycles through them, and prints one JSON line when done.
+_WRK_SCRIPT = r"""
+local bodies, i = {}, 0
+function init(args)
+  for line in io.lines(args[1]) do bodies[#bodies + 1] = line end
+end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+function request()
+  i = i % #bodies + 1
+  return wrk.format(nil, nil, nil, bodies[i])
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '\n{"requests": %d, "duration_us": %d, "status": %d, "connect": %d, "read": %d, "write": %d, "timeout": %d, '
+    .. '"p50_us": %d, "p90_us": %d, "p95_us": %d, "p99_us": %d, "mean_us": %f}\n',
+    summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(95), latency:percentile(99), latency.mean))
+end
+"""
+
+
+def wrk_binary() -> str:
+    found = shutil.which("wrk")
+    if not found:
+        raise PeerUnavailable("wrk (the native HTTP load generator) is not installed; `make setup` installs it")
+    return found
+
+
+def _wrk(server: PeerServer, bodies_file: Path, script: Path, concurrency: int, seconds: float) -> dict:
+    url = f"http://{server.host}:{server.port}{server.path}"
+    cmd = [wrk_binary(), "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout", "60s",
+           "-s", str(script), url, "--", str(bodies_file)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 90)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("{")]
+    if run.returncode or not lines:
+        raise PeerUnavailable(f"{server.label}: wrk failed ({run.returncode}): {(run.stderr or run.stdout)[-300:]}")
+    return json.loads(lines[-1])
 
 
 def http_point(server: PeerServer, texts: Sequence[str], concurrency: int, seconds: float) -> PerfPoint:
-    """Closed loop: `concurrency` callers, each on its own keep-alive connection, POST one text per request back
-    to back for `seconds`; every response must be 200 with one embedding. Timed by time_in_process."""
-    bodies = [server.body(t) for t in texts]  # encoded once: the generator's own CPU stays out of the loop
-    local = _Caller()
-    headers = {"Content-Type": "application/json"}
-
-    def call(body: bytes) -> None:
-        if local.conn is None:
-            local.conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
-        local.conn.request("POST", server.path, body, headers)
-        response = local.conn.getresponse()
-        payload = response.read()
-        if response.status != 200:
-            raise PeerUnavailable(f"{server.label}: HTTP {response.status}: {payload[:300]!r}")
-
-    first = json.loads(_post(server, bodies[0]))
+    """Closed loop driven by wrk (native, one thread): `concurrency` keep-alive connections POST one text per
+    request back to back for `seconds` after a 1 s warm-up, cycling through the same real texts. Any non-2xx
+    response, socket error or timeout fails the point: the first request's error is raised as it came."""
+    first = json.loads(_post(server, server.body(texts[0])))
     if not server.embedding(first):
         raise PeerUnavailable(f"{server.label}: no embedding in the response {str(first)[:300]}")
-    return time_in_process(call, bodies, concurrency, duration_s=seconds, warmup=concurrency,
-                           label=server.label)
+    with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
+        bodies, script = Path(tmp) / "bodies.jsonl", Path(tmp) / "cycle.lua"
+        bodies.write_bytes(b"\n".join(server.body(t) for t in texts) + b"\n")
+        script.write_text(_WRK_SCRIPT)
+        _wrk(server, bodies, script, concurrency, 1.0)
+        out = _wrk(server, bodies, script, concurrency, seconds)
+    failed = sum(out[k] for k in ("status", "connect", "read", "write", "timeout"))
+    if failed or not out["requests"]:
+        raise PeerUnavailable(f"{server.label}: {failed} of {out['requests']} requests failed under wrk "
+                              f"({ {k: out[k] for k in ('status', 'connect', 'read', 'write', 'timeout')} })")
+    return PerfPoint(label=server.label, concurrency=concurrency,
+                     throughput=out["requests"] / (out["duration_us"] / 1e6),
+                     p50_ms=out["p50_us"] / 1e3, p90_ms=out["p90_us"] / 1e3, p95_ms=out["p95_us"] / 1e3,
+                     p99_ms=out["p99_us"] / 1e3, avg_ms=out["mean_us"] / 1e3)
 
 
 def _post(server: PeerServer, body: bytes) -> bytes:
