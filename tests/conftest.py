@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from tritonkit.tensorrt.engines import detect
+    from tritonkit.tensorrt.environment import detect
 
     reason = detect().skip_reason
     if reason:

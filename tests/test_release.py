@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tritonkit import paths, release
+from tritonkit.errors import EngineError
 from tritonkit.repository import native_check
-from tritonkit.tensorrt import engines
-from tritonkit.tensorrt.engines import EngineError
+from tritonkit.tensorrt import plans
 
 FIXTURES = Path(__file__).parent / "fixtures" / "native"
+TARGET = release.ServerTarget("24.10", "2.51.0", "10.5.0")
 
 
 def test_every_module_reads_the_one_table():
@@ -61,7 +62,7 @@ def test_a_release_without_an_exact_tensorrt_needs_one_of_its_major(monkeypatch)
         release.target_server("26.07", "10.5.0")
     monkeypatch.setenv(release.TENSORRT_ENV, "11.2.0")  # the newest release's TensorRT is not in the sources
     assert release.target_server("26.11").triton == "2.75.0"
-    assert engines.recipe_for(release.target_server("26.06").tensorrt, "int8").strongly_typed  # no implicit INT8
+    assert plans.recipe_for(release.target_server("26.06").tensorrt, "int8").strongly_typed  # no implicit INT8
 
 
 def test_an_unknown_release_is_a_typed_error_naming_the_setting():
@@ -93,3 +94,24 @@ def test_refusals_print_the_source_on_the_checked_branch(tmp_path, monkeypatch, 
     out = capsys.readouterr().out
     assert "[ov.model_file: openvino_backend/src/openvino.cc (ModelState::ReadModel)]" in out
     assert "openvino_backend/blob/r26.07/src/openvino.cc" in out
+
+
+def test_target_server_is_one_setting(monkeypatch):
+    monkeypatch.delenv("TRITONKIT_NGC_RELEASE", raising=False)
+    monkeypatch.delenv("TRITONKIT_TENSORRT", raising=False)
+    assert release.target_server() == TARGET
+    assert TARGET.image == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    monkeypatch.setenv("TRITONKIT_NGC_RELEASE", "99.01")
+    with pytest.raises(EngineError, match="set TRITONKIT_TENSORRT"):
+        release.target_server()
+    monkeypatch.setenv("TRITONKIT_TENSORRT", "11.0.0")
+    assert release.target_server().tensorrt == "11.0.0"
+
+
+def test_builder_must_be_the_servers_tensorrt():
+    release.check_builder("10.5.0.18", TARGET)  # build number beyond major.minor.patch does not matter
+    for other in ("10.8.0", "10.5.1", "11.0.0"):
+        with pytest.raises(EngineError, match=re.escape("build inside nvcr.io/nvidia/tritonserver:24.10-py3")):
+            release.check_builder(other, TARGET)
+    with pytest.raises(EngineError, match=re.escape("built by TensorRT 11.0.0")):
+        release.check_plan_metadata({"tensorrt": "11.0.0"}, TARGET, "x.plan")

@@ -78,7 +78,7 @@ class GateError(TritonkitError, RuntimeError):
     """An INT8 model missed a gate, or was made on another package set or CPU; the message says how to fix it."""
 
 
-# raised by tritonkit.tensorrt.engines
+# raised by tritonkit.tensorrt
 class EngineError(TritonkitError, RuntimeError):
     """A plan could not be built or does not match ONNX Runtime within tolerance."""
 

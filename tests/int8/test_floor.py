@@ -1,8 +1,8 @@
 """INT8 gates judged against the FP32 graph's own half-precision floor (tritonkit.int8.floor).
 
-The rule is checked with numbers worked out here; the floor itself is measured for real on the tiny model of
-test_search (one outlier channel), whose INT8 passes only thanks to its floor when a layer may stay float, and is far
-worse than its floor, so falls back, when the compute gate forbids that."""
+The rule is checked with numbers worked out here; the floor itself is measured for real on the search tests' tiny
+model (tests.support.tiny_search: one outlier channel), whose INT8 passes only thanks to its floor when a layer may
+stay float, and is far worse than its floor, so falls back, when the compute gate forbids that."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.int8.test_search import TinySpec, _export
+from tests.support.tiny_search import TinySpec, export_tiny
 from tritonkit import envinfo
 from tritonkit.int8 import evaluate, floor, recipe, search
 from tritonkit.kinds.gates import Target
@@ -68,7 +68,7 @@ def test_the_kinds_bounds_match_the_issue():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("floor") / "tiny.onnx"
-    _export(path)
+    export_tiny(path)
     return path
 
 

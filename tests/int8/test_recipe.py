@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.scenarios.test_zoo import ZOO  # built by `make test-zoo` only (tens of minutes on 2 cores)
+from tests.support.zoo import ZOO  # built by `make test-zoo` only (tens of minutes on 2 cores)
 from tritonkit import data, envinfo, kinds, paths
 from tritonkit.export import row_metric
 

@@ -119,7 +119,7 @@ def test_served_int8_is_the_searched_form_and_engines_get_the_tensorrt_form(imag
 
 @pytest.mark.parametrize("case", ["empty", "non-image", "corrupt", "truncated", "bomb", "gif"])
 def test_bad_input_fails_alone_and_server_stays_healthy(image_server, case):
-    from tests.serving.test_imaging import bad_inputs
+    from tests.support.image_support import bad_inputs
 
     data, expected = bad_inputs()[case]
     client = _client(image_server)

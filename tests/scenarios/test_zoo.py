@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.support.text_support import BATCHING_NOISE  # how far a text moves with its batch-mates (test_text_pipeline)
+from tests.support.zoo import ZOO  # built by `make test-zoo` only
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -24,9 +25,6 @@ from tritonkit.serving import imaging
 
 pytestmark = [pytest.mark.slow, pytest.mark.zoo]
 
-# Built by `make test-zoo` (not CI: tens of minutes on 2 cores); CI covers both architectures with tiny
-# randomly initialised weights (test_add_contract.py).
-ZOO = ["all_mpnet_base_v2", "efficientnet_lite1"]
 # How far one served image output may move with its batch-mates, as test_image_pipeline.py allows (absolute, logits).
 IMAGE_BATCHING_NOISE = 2e-3
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.support.image_support import bad_inputs
 from tritonkit import kinds
 from tritonkit.kinds.image import CALIBRATION_BATCH
 from tritonkit.serving import imaging
@@ -19,24 +20,6 @@ spec = kinds.get("image_classification")
 @pytest.fixture(scope="module")
 def chelsea_jpeg() -> bytes:
     return spec.photo_bytes("chelsea")
-
-
-def bad_inputs() -> dict[str, tuple[bytes, str]]:
-    """Name → (bytes, substring the per-image error must contain)."""
-    good = spec.photo_bytes("coffee")
-    png = io.BytesIO()
-    # 8000 x 6000 = 48 M pixels of black: a 50 kB PNG that would decode to 48 MB (limit: 40 M pixels).
-    Image.new("L", (8000, 6000)).save(png, format="PNG")
-    gif = io.BytesIO()
-    Image.fromarray(spec.photo("coffee").rgb[:64, :64]).save(gif, format="GIF")
-    return {
-        "empty": (b"", "empty input"),
-        "non-image": (b"this is plain text, not an image" * 10, "not a decodable image"),
-        "corrupt": (good[:200] + bytes(range(256)) * 40, "corrupt"),
-        "truncated": (good[: len(good) // 2], "truncated"),
-        "bomb": (png.getvalue(), "max_pixels 40000000"),
-        "gif": (gif.getvalue(), "accepted formats: JPEG, PNG, WEBP"),
-    }
 
 
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])

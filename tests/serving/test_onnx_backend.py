@@ -7,55 +7,22 @@ import math
 import queue
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
+from tests.support.backend_support import (
+    CLIENT_ERROR,
+    ROWS,
+    TABLE,
+    assert_bad_id_is_a_client_error,
+    assert_wrong_width_is_a_client_error,
+    counters,
+    lookup_model,
+)
 from tritonkit import paths
-from tritonkit.perf.analyzer import metrics_counters
 from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
-
-ROWS = 10
-TABLE = np.arange(ROWS, dtype=np.float32).reshape(ROWS, 1)  # row 0 is 0: right-padding adds nothing
-CLIENT_ERROR = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
-
-
-def _lookup_model(path, computed_table: bool) -> None:
-    """Y = sum over the sequence of TABLE[IDS]; BATCH = rows of the run. With `computed_table` the table comes out
-    of a node, so the backend cannot check ids up front and a bad id fails inside session.run."""
-    table = "T_src" if computed_table else "T"
-    nodes = [helper.make_node("Identity", ["T_src"], ["T"])] if computed_table else []
-    nodes += [
-        helper.make_node("Gather", ["T", "IDS"], ["G"]),  # [B, L, 1]
-        helper.make_node("ReduceSum", ["G", "ax1"], ["Y3"], keepdims=0),  # [B, 1]
-        helper.make_node("Identity", ["Y3"], ["Y"]),
-        helper.make_node("Shape", ["IDS"], ["shape"]),
-        helper.make_node("Slice", ["shape", "z", "o"], ["b_i64"]),
-        helper.make_node("Cast", ["b_i64"], ["b_f"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", ["Y", "zero"], ["Yz"]),
-        helper.make_node("Add", ["Yz", "b_f"], ["BATCH"]),
-    ]
-    inits = [
-        numpy_helper.from_array(TABLE, table),
-        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
-        numpy_helper.from_array(np.array([0], np.int64), "z"),
-        numpy_helper.from_array(np.array([1], np.int64), "o"),
-        numpy_helper.from_array(np.array(0, np.float32), "zero"),
-    ]
-    graph = helper.make_graph(
-        nodes, "lookup", [helper.make_tensor_value_info("IDS", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", 1]),
-         helper.make_tensor_value_info("BATCH", TensorProto.FLOAT, ["batch", 1])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
 
 
 def _spec(name: str, **batching) -> ModelSpec:
@@ -71,32 +38,12 @@ def _spec(name: str, **batching) -> ModelSpec:
 @pytest.fixture(scope="module")
 def server(start_server, tmp_path_factory):
     repo = tmp_path_factory.mktemp("lookup_repo")
-    _lookup_model(repo / "lookup" / "1" / "model.onnx", computed_table=False)
+    lookup_model(repo / "lookup" / "1" / "model.onnx", computed_table=False)
     _spec("lookup", max_queue_delay_microseconds=1000).write(repo)
-    _lookup_model(repo / "lookup_late" / "1" / "model.onnx", computed_table=True)
+    lookup_model(repo / "lookup_late" / "1" / "model.onnx", computed_table=True)
     # A long queue delay and a preferred size equal to the test's burst: the burst becomes one execute().
     _spec("lookup_late", max_queue_delay_microseconds=2_000_000, preferred_batch_size=[24]).write(repo)
     return start_server(repo)
-
-
-def _infer(server, protocol: str, model: str, ids: np.ndarray) -> np.ndarray:
-    lib = httpclient if protocol == "http" else grpcclient
-    client = lib.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
-    try:
-        inp = lib.InferInput("IDS", list(ids.shape), "INT64")
-        inp.set_data_from_numpy(ids)
-        return client.infer(model, [inp]).as_numpy("Y")
-    finally:
-        client.close()
-
-
-def assert_bad_id_is_a_client_error(server, protocol: str, model: str, bad: int) -> None:
-    """An id past the table fails its request as the client's error naming input and limit; the model serves on."""
-    with pytest.raises(InferenceServerException) as info:
-        _infer(server, protocol, model, np.array([[1, bad, 2]], np.int64))
-    assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
-    assert "'IDS'" in str(info.value) and f"[0, {ROWS})" in str(info.value) and str(bad) in str(info.value)
-    assert _infer(server, protocol, model, np.array([[1, 2]], np.int64))[0, 0] == TABLE[1, 0] + TABLE[2, 0]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -108,22 +55,7 @@ def test_out_of_range_id_is_a_client_error_naming_input_and_limit(server, protoc
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_tensor_the_model_rejects_is_a_client_error(smoke_server, protocol):
     # smoke_loose's config takes any width, its model only 4: onnxruntime refuses the feed (INVALID_ARGUMENT).
-    lib = httpclient if protocol == "http" else grpcclient
-    client = lib.InferenceServerClient(smoke_server.http_url if protocol == "http" else smoke_server.grpc_url)
-    try:
-        inp = lib.InferInput("X", [1, 5], "FP32")
-        inp.set_data_from_numpy(np.ones((1, 5), np.float32))
-        with pytest.raises(InferenceServerException) as info:
-            client.infer("smoke_loose", [inp])
-        assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
-        assert "X" in str(info.value) and "Expected: 4" in str(info.value)
-    finally:
-        client.close()
-
-
-def _counters(server, model: str) -> dict[str, float]:
-    return {name.removeprefix("tritonkit_ort_").removesuffix("_total"): value
-            for (name, m), value in metrics_counters(server.metrics_url).items() if m == model}
+    assert_wrong_width_is_a_client_error(smoke_server, protocol, "smoke_loose")
 
 
 def _executions(server, model: str) -> int:
@@ -142,7 +74,7 @@ def test_failed_batch_is_bisected_and_other_groups_are_not_rerun(server):
     bad = 11
     longs[bad] = longs[bad].copy()
     longs[bad][0, 3] = 99
-    before, executions_before = _counters(server, "lookup_late"), _executions(server, "lookup_late")
+    before, executions_before = counters(server, "lookup_late"), _executions(server, "lookup_late")
 
     answers: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -155,7 +87,7 @@ def test_failed_batch_is_bisected_and_other_groups_are_not_rerun(server):
     finally:
         client.close()
 
-    after, executions = _counters(server, "lookup_late"), _executions(server, "lookup_late") - executions_before
+    after, executions = counters(server, "lookup_late"), _executions(server, "lookup_late") - executions_before
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("session_runs", "failed_runs", "retried_runs")}
     for n, ids in enumerate(shorts + longs):
         result, error = results[n]

@@ -17,14 +17,15 @@ import tritonclient.http as httpclient
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
-from tests.serving.test_onnx_backend import (
-    CLIENT_ERROR,
+from tests.support.backend_support import (
     ROWS,
     TABLE,
-    _counters,
-    _infer,
-    _lookup_model,
     assert_bad_id_is_a_client_error,
+    assert_wrong_width_is_a_client_error,
+    client_for,
+    counters,
+    infer,
+    lookup_model,
 )
 from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
 
@@ -60,15 +61,15 @@ def _double_model(path) -> None:
 def server(start_server, tmp_path_factory):
     repo = tmp_path_factory.mktemp("openvino_repo")
     for runtime in THREADS:
-        _lookup_model(repo / f"lookup_{runtime}" / "1" / "model.onnx", computed_table=False)
+        lookup_model(repo / f"lookup_{runtime}" / "1" / "model.onnx", computed_table=False)
         _lookup(f"lookup_{runtime}", runtime).write(repo)
-    _lookup_model(repo / "lookup_cold" / "1" / "model.onnx", computed_table=False)
+    lookup_model(repo / "lookup_cold" / "1" / "model.onnx", computed_table=False)
     _lookup("lookup_cold", "openvino", warmup_runs="0").write(repo)
     _double_model(repo / "double" / "1" / "model.onnx")
     ModelSpec(name="double", backend="openvino", max_batch_size=8, inputs=[Tensor("X", "FP32", [-1])],
               outputs=[Tensor("Y", "FP32", [-1])], parameters={"INFERENCE_NUM_THREADS": "1"},
               default_model_filename="model.onnx").write(repo)
-    _lookup_model(repo / "bad_streams" / "1" / "model.onnx", computed_table=False)
+    lookup_model(repo / "bad_streams" / "1" / "model.onnx", computed_table=False)
     _lookup("bad_streams", "openvino", NUM_STREAMS="many").write(repo)
     return start_server(repo, model_control_mode="explicit",
                         models=["lookup_onnxruntime", "lookup_openvino", "lookup_cold", "double"])
@@ -93,9 +94,9 @@ def test_a_ragged_burst_is_one_padded_run_with_the_same_answers_as_onnxruntime(s
     requests = [rng.integers(0, ROWS, (1 + n % 3, 1 + n % 9)).astype(np.int64) for n in range(24)]
     answers = {}
     for runtime in THREADS:
-        before = _counters(server, f"lookup_{runtime}")
+        before = counters(server, f"lookup_{runtime}")
         answers[runtime] = _burst(server, f"lookup_{runtime}", requests)
-        after = _counters(server, f"lookup_{runtime}")
+        after = counters(server, f"lookup_{runtime}")
         runs = after["session_runs"] - before.get("session_runs", 0)
         assert 1 <= runs <= 3, f"{runtime}: {runs} runs for one burst of 24 requests"
         assert after["padding_elements"] > before.get("padding_elements", 0), "ragged requests were not padded"
@@ -116,15 +117,9 @@ def test_out_of_range_id_is_a_client_error_and_the_model_keeps_serving(server, p
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_width_the_graph_does_not_take_is_a_client_error_naming_it(server, protocol):
-    lib = httpclient if protocol == "http" else grpcclient
-    client = lib.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    assert_wrong_width_is_a_client_error(server, protocol, "double")
+    lib, client = client_for(server, protocol)
     try:
-        inp = lib.InferInput("X", [1, 5], "FP32")
-        inp.set_data_from_numpy(np.ones((1, 5), np.float32))
-        with pytest.raises(InferenceServerException) as info:
-            client.infer("double", [inp])
-        assert str(info.value.status()) == CLIENT_ERROR[protocol], info.value
-        assert "'X'" in str(info.value) and "Expected: 4" in str(info.value)
         inp = lib.InferInput("X", [2, 4], "FP32")
         inp.set_data_from_numpy(np.arange(8, dtype=np.float32).reshape(2, 4))
         np.testing.assert_array_equal(client.infer("double", [inp]).as_numpy("Y"),
@@ -134,8 +129,8 @@ def test_a_width_the_graph_does_not_take_is_a_client_error_naming_it(server, pro
 
 
 def test_warm_up_runs_at_load_unless_turned_off(server):
-    assert _counters(server, "lookup_openvino")["warmup_runs"] == 2
-    assert _counters(server, "lookup_cold")["warmup_runs"] == 0
+    assert counters(server, "lookup_openvino")["warmup_runs"] == 2
+    assert counters(server, "lookup_cold")["warmup_runs"] == 0
 
 
 def test_a_bad_openvino_parameter_fails_the_load_naming_it(server):
@@ -143,7 +138,7 @@ def test_a_bad_openvino_parameter_fails_the_load_naming_it(server):
         server.load_model("bad_streams", timeout_s=60)
     body = info.value.read().decode()
     assert "NUM_STREAMS" in body and "many" in body, body
-    assert _infer(server, "http", "lookup_openvino", np.array([[3]], np.int64))[0, 0] == TABLE[3, 0]
+    assert infer(server, "http", "lookup_openvino", np.array([[3]], np.int64))[0, 0] == TABLE[3, 0]
 
 
 def test_a_killed_openvino_stub_is_reloaded(server):

@@ -1,60 +1,82 @@
-"""Plans tied to the server that loads them: target release, builder version, profiles from the tokenizer's
-length, validation feeds at every profile's maximum, tolerances from ONNX Runtime's own low-precision error, one
-build per compute capability. Runs without TensorRT or a GPU; the build itself is in test_engines' gpu tests."""
+"""What a plan is built from and how (tritonkit.tensorrt.plans): the precision recipe per TensorRT version,
+profiles by use case sized from the tokenizer's length, file and model names, and the FP16-cast graph. Runs
+without TensorRT or a GPU; the build itself is in test_engines' gpu tests."""
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
 from tests.support.tiny_models import linear_model
-from tritonkit import kinds, paths, release
-from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
-from tritonkit.tensorrt import engines
-from tritonkit.tensorrt.engines import EngineError, Environment, Gpu, Profile
+from tritonkit import kinds
+from tritonkit.errors import EngineError
+from tritonkit.tensorrt import plans, validation
+from tritonkit.tensorrt.environment import Gpu
+from tritonkit.tensorrt.plans import Profile
 
-H100 = Gpu(0, "NVIDIA H100", (9, 0), "GPU-11111111-2222-3333-4444-555555555555")
-TARGET = release.ServerTarget("24.10", "2.51.0", "10.5.0")
-
-
-def test_target_server_is_one_setting(monkeypatch):
-    monkeypatch.delenv("TRITONKIT_NGC_RELEASE", raising=False)
-    monkeypatch.delenv("TRITONKIT_TENSORRT", raising=False)
-    assert release.target_server() == TARGET
-    assert TARGET.image == "nvcr.io/nvidia/tritonserver:24.10-py3"
-    monkeypatch.setenv("TRITONKIT_NGC_RELEASE", "99.01")
-    with pytest.raises(EngineError, match="set TRITONKIT_TENSORRT"):
-        release.target_server()
-    monkeypatch.setenv("TRITONKIT_TENSORRT", "11.0.0")
-    assert release.target_server().tensorrt == "11.0.0"
+H100 = Gpu(0, "NVIDIA H100", (9, 0))
 
 
-def test_builder_must_be_the_servers_tensorrt():
-    release.check_builder("10.5.0.18", TARGET)  # build number beyond major.minor.patch does not matter
-    for other in ("10.8.0", "10.5.1", "11.0.0"):
-        with pytest.raises(EngineError, match=re.escape("build inside nvcr.io/nvidia/tritonserver:24.10-py3")):
-            release.check_builder(other, TARGET)
-    with pytest.raises(EngineError, match=re.escape("built by TensorRT 11.0.0")):
-        release.check_plan_metadata({"tensorrt": "11.0.0"}, TARGET, "x.plan")
+@pytest.mark.parametrize(
+    "version, precision, source, strongly_typed, flags",
+    [
+        ("10.5.0", "int8", "int8_qdq", False, ("INT8", "FP16")),
+        ("10.13.2", "fp16", "fp32", False, ("FP16",)),
+        ("11.0.0", "int8", "int8_qdq", True, ()),
+        ("11.3.0", "fp16", "fp16_cast", True, ()),
+    ],
+)
+def test_version_dispatch(version, precision, source, strongly_typed, flags):
+    recipe = plans.recipe_for(version, precision)
+    assert (recipe.onnx_source, recipe.strongly_typed, recipe.builder_flags) == (source, strongly_typed, flags)
 
 
-def test_build_refuses_a_foreign_tensorrt_before_building():
-    if not (paths.MODEL_REPOSITORY / "text_encoder" / "1" / "model.onnx").exists():
-        pytest.skip("`make build` has not produced text_encoder/1/model.onnx yet")
-    steps = engines.build_model_engines(kinds.get("text"), Environment("10.8.0", (H100,)), target=TARGET)
-    assert [s.status for s in steps] == ["failed", "failed"]
-    assert all("NGC 24.10 runs 10.5.0" in s.detail for s in steps)
+def test_version_dispatch_rejects_old_tensorrt_and_unknown_precision():
+    with pytest.raises(EngineError, match="not supported"):
+        plans.recipe_for("8.6.1", "int8")
+    with pytest.raises(EngineError, match="unknown precision"):
+        plans.recipe_for("10.5.0", "int4")
+
+
+def _check_profile(profile: Profile):
+    for lo, opt, hi in profile.shapes.values():
+        assert len(lo) == len(opt) == len(hi)
+        assert all(a <= b <= c for a, b, c in zip(lo, opt, hi)), profile
+
+
+def test_text_profiles_by_batch_and_sequence_length():
+    dims = {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"]}
+    profiles = plans.profiles_for(dims, max_batch_size=64, axis_max={"sequence": 256})
+    assert [p.name for p in profiles] == ["low_latency", "throughput_short", "throughput_long"]
+    for p in profiles:
+        _check_profile(p)
+        assert p.shapes["input_ids"] == p.shapes["attention_mask"]
+        lo, _, hi = p.shapes["input_ids"]
+        assert lo == (1, 1) and hi == (64, 256)  # every profile accepts every request
+    opts = {p.name: p.shapes["input_ids"][1] for p in profiles}
+    assert opts == {"low_latency": (1, 64), "throughput_short": (64, 64), "throughput_long": (16, 256)}
+
+
+def test_image_profiles_by_batch_only():
+    profiles = plans.profiles_for({"pixel_values": ["batch", 3, 224, 224]}, 32, {})
+    assert [p.name for p in profiles] == ["low_latency", "throughput"]
+    assert profiles[0].shapes["pixel_values"] == ((1, 3, 224, 224), (1, 3, 224, 224), (32, 3, 224, 224))
+    assert profiles[1].shapes["pixel_values"][1] == (32, 3, 224, 224)
+
+
+def test_profile_needs_a_maximum_for_every_dynamic_axis():
+    with pytest.raises(EngineError, match="'sequence' has no maximum"):
+        plans.profiles_for({"ids": ["batch", "sequence"]}, 8, {})
 
 
 def test_text_profiles_cover_every_length_the_tokenizer_emits():
     spec = kinds.get("text")
-    limits = engines.axis_limits(spec)
+    limits = plans.axis_limits(spec)
     assert limits == {"sequence": spec.MAX_LENGTH}
     dims = {name: ["batch", "sequence"] for name in spec.EXPORT.inputs}
-    for profile in engines.profiles_for(dims, 64, limits):
+    for profile in plans.profiles_for(dims, 64, limits):
         for lo, _, hi in profile.shapes.values():
             assert lo == (1, 1) and hi == (64, spec.MAX_LENGTH), profile.name
 
@@ -67,69 +89,25 @@ def test_a_spec_without_a_length_limit_is_refused():
             inputs: ClassVar = {"ids": {0: "batch", 1: "sequence"}}
 
     with pytest.raises(EngineError, match="no MAX_LENGTH"):
-        engines.axis_limits(Spec)
+        plans.axis_limits(Spec)
 
 
-def test_validation_reaches_every_profile_maximum_with_real_text():
-    spec = kinds.get("text")
-    feeds = engines.validation_feeds(spec)
-    dims = {name: ["batch", "sequence"] for name in spec.EXPORT.inputs}
-    profiles = engines.profiles_for(dims, 64, engines.axis_limits(spec))
-    extremes = engines.extreme_feeds(feeds, profiles)
-    assert [f["input_ids"].shape for f in extremes] == [(64, spec.MAX_LENGTH)]
-    longest = next(f for f in feeds if f["input_ids"].shape[1] == spec.MAX_LENGTH)
-    assert np.array_equal(extremes[0]["input_ids"][: len(longest["input_ids"])], longest["input_ids"])
-    for index, profile in enumerate(profiles):  # every profile gets the longest feed, and the short ones
-        fitting = [f for f in feeds + extremes if engines.fits(profile, f)]
-        assert max(f["input_ids"].shape for f in fitting) == (64, spec.MAX_LENGTH), index
+def test_plan_file_naming():
+    assert plans.plan_filename(H100) == "model_sm90.plan"
+    assert plans.plan_filename((8, 6)) == "model_sm86.plan"
+    assert plans.trt_model_name("text_encoder", "int8") == "text_encoder_trt_int8"
+    assert plans.trt_model_name("text_encoder_fp32", "fp16") == "text_encoder_trt_fp16"
 
 
-def test_extreme_feeds_tile_rows_up_to_the_maximum_batch_and_refuse_short_grids():
-    profile = Profile("throughput", {"x": ((1, 3), (32, 3), (64, 3))})
-    feed = {"x": np.arange(17 * 3, dtype=np.float32).reshape(17, 3)}
-    (tiled,) = engines.extreme_feeds([feed], [profile])
-    assert tiled["x"].shape == (64, 3) and np.array_equal(tiled["x"][17:34], feed["x"])
-    short = Profile("throughput_long", {"ids": ((1, 1), (16, 256), (64, 256))})
-    with pytest.raises(EngineError, match="no validation feed reaches profile 'throughput_long'"):
-        engines.extreme_feeds([{"ids": np.zeros((64, 32), np.int64)}], [short])
+def test_fp16_cast_keeps_fp32_io_and_close_outputs(tmp_path):
+    src = linear_model(tmp_path / "fp32.onnx")
+    dst = plans.fp16_cast(src, tmp_path / "fp16.onnx")
+    import onnx
 
-
-def test_tolerances_come_from_onnxruntime_low_precision_error(tmp_path):
-    fp32 = linear_model(tmp_path / "fp32.onnx")
-    fp16 = engines.fp16_cast(fp32, tmp_path / "fp16.onnx")
-    feeds = [{"X": np.random.default_rng(i).random((4, 4), dtype=np.float32) * 10} for i in range(4)]
-    (atol, _), = engines.derive_tolerances(fp32, fp16, feeds, ["Y"]).values()
-    ref, low = engines.run_polygraphy([engines.ort_runner(fp32), engines.ort_runner(fp16)], feeds)
-    observed = max(float(np.abs(r["Y"] - g["Y"]).max()) for r, g in zip(ref, low))
-    assert observed > engines.TOLERANCE_FLOOR  # FP16 really rounded here
-    assert atol == pytest.approx(engines.TOLERANCE_FACTOR * observed)
-    # A candidate as close as ORT's FP16 form passes; one three times further off fails.
-    engines.check_diffs(engines.compare_outputs(ref, low, {"Y": (atol, 0.0)}), "as close as fp16")
-    worse = [{"Y": r["Y"] + 3 * (g["Y"] - r["Y"]) + np.sign(g["Y"] - r["Y"]) * atol} for r, g in zip(ref, low)]
-    with pytest.raises(EngineError, match="out of tolerance"):
-        engines.check_diffs(engines.compare_outputs(ref, worse, {"Y": (atol, 0.0)}), "worse")
-
-
-def test_one_build_per_compute_capability_on_a_device_of_it():
-    l4, a10 = Gpu(1, "NVIDIA L4", (8, 9)), Gpu(2, "NVIDIA A10", (8, 6), "GPU-aaaaaaaa-0000-0000-0000-000000000000")
-    second_h100 = Gpu(3, "NVIDIA H100", (9, 0))
-    devices, missing = engines.plan_devices([H100, l4, second_h100, a10])
-    assert devices == [a10, l4, H100] and missing == []
-    devices, missing = engines.plan_devices([H100], wanted=["9.0", "8.6", "12.0"])
-    assert devices == [H100] and missing == ["12.0", "8.6"]
-    env = engines.device_env(a10, {"PATH": "/bin"})
-    assert env["CUDA_VISIBLE_DEVICES"] == a10.uuid and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert engines.device_env(l4, {})["CUDA_VISIBLE_DEVICES"] == "1"
-
-
-def test_trt_config_carries_its_label_file(tmp_path):
-    src = tmp_path / "src"
-    ModelSpec(name="cls", backend="onnxruntime", max_batch_size=8,
-              inputs=[Tensor("x", "FP32", [3])], outputs=[Tensor("p", "FP32", [2], label_filename="labels.txt")],
-              dynamic_batching=DynamicBatching()).write(src)
-    cfg = engines.trt_model_config(src / "cls", "int8", {"9.0": "model_sm90.plan"})
-    with pytest.raises(EngineError, match=re.escape("label_filename 'labels.txt' has no file")):
-        engines.write_config(cfg, tmp_path / "out", source_dir=src / "cls")
-    (src / "cls" / "labels.txt").write_text("a\nb\n")
-    path = engines.write_config(cfg, tmp_path / "out", source_dir=src / "cls")
-    assert (path.parent / "labels.txt").read_text() == "a\nb\n"
+    assert onnx.load(str(dst)).graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    feeds = [{"X": np.random.default_rng(i).random((4, 4), dtype=np.float32)} for i in range(3)]
+    runners = [validation.ort_runner(src, "fp32"), validation.ort_runner(dst, "fp16")]
+    ref, got = validation.run_polygraphy(runners, feeds)
+    diffs = validation.compare_outputs(ref, got, {"Y": (1e-2, 1e-2)})
+    validation.check_diffs(diffs, "fp16 cast")
+    assert 0 < diffs[0].max_abs < 1e-2  # FP16 really happened, and it stayed close

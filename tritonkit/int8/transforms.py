@@ -20,14 +20,32 @@ from tritonkit.int8.settings import QuantRecipe
 from tritonkit.int8.tensors import Feeds, fake_quant_weight, probe_tensors
 
 
+def _load_with_initializers(model_path: Path):
+    """(the ONNX model, its initializers by name): what every weight-editing transform starts from."""
+    import onnx
+
+    model = onnx.load(str(model_path))
+    return model, {i.name: i for i in model.graph.initializer}
+
+
+def _insert_after_producers(graph, new_nodes: list[tuple[str, Any]]) -> None:
+    """Insert each (tensor, node) right after the node producing `tensor` (first, for a graph input), so the graph
+    stays in topological order."""
+    producer_index = {o: i for i, n in enumerate(graph.node) for o in n.output}
+    nodes = list(graph.node)
+    for tensor, node in sorted(new_nodes, key=lambda t: -producer_index.get(t[0], -1)):
+        nodes.insert(producer_index.get(tensor, -1) + 1, node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def merge_parallel_matmuls(model_path: Path, out_path: Path) -> Path:
     """X@W1, X@W2, X@W3 (constant 2-D W, same X) → Split(X@[W1|W2|W3]); outputs keep their names."""
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(model_path))
+    model, inits = _load_with_initializers(model_path)
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
     groups: dict[str, list] = {}
     for node in graph.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -81,9 +99,8 @@ def smooth(
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(model_path))
+    model, inits = _load_with_initializers(model_path)
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
     groups: dict[str, list] = {}
     for node in graph.node:
         if node.op_type != "MatMul" or "MatMul" not in op_types:
@@ -115,12 +132,7 @@ def smooth(
         new_nodes.append((name, helper.make_node("Mul", [name, scale_name], [smoothed], name=f"{name}_smooth")))
         for n in nodes:
             n.input[0] = smoothed
-    producer_index = {o: i for i, n in enumerate(graph.node) for o in n.output}
-    nodes = list(graph.node)
-    for tensor, mul in sorted(new_nodes, key=lambda t: -producer_index.get(t[0], -1)):
-        nodes.insert(producer_index.get(tensor, -1) + 1, mul)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    _insert_after_producers(graph, new_nodes)
     onnx.save(model, str(out_path))
     return out_path
 
@@ -157,9 +169,8 @@ def correct_biases(
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(model_path))
+    model, inits = _load_with_initializers(model_path)
     graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
     convs = [n for n in graph.node if n.op_type == "Conv" and (op_types is None or "Conv" in op_types)
              and n.input[1] in inits and len(inits[n.input[1]].dims) == 4
              and len(n.input) > 2 and n.input[2] in inits]
@@ -227,13 +238,7 @@ def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str]) -> tupl
             for i, name in enumerate(node.input):
                 if name in renamed:
                     node.input[i] = renamed[name]
-    # Keep topological order: each Identity right after the node producing its input (or first, for inputs).
-    producer_index = {o: i for i, n in enumerate(graph.node) for o in n.output}
-    nodes = list(graph.node)
-    for tensor, identity in sorted(new_nodes, key=lambda t: -producer_index.get(t[0], -1)):
-        nodes.insert(producer_index.get(tensor, -1) + 1, identity)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    _insert_after_producers(graph, new_nodes)
     onnx.save(model, str(out_path))
     return out_path, {copy: tensor for tensor, copy in renamed.items()}
 
