@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from tritonkit.runtime.server import (
     prepare_backend_dir,
     server_env,
 )
+from tritonkit.runtime.watchdog import StubWatchdog, TritonHttp
 
 DOCKER = paths.ROOT / "docker"
 
@@ -100,32 +102,23 @@ def test_container_requirements_cover_python_backend_imports():
         assert provided_by.get(module, module).lower() in pins, f"{module} missing from requirements-container.txt"
 
 
-def test_supervisor_imports_only_the_standard_library_and_tritonkit_server():
-    """It runs on the container's Python (3.10 in 24.10), where only requirements-container.txt is installed."""
-    allowed = set(sys.stdlib_module_names) | {"tritonkit"}
-    for module in (supervisor, sys.modules["tritonkit.runtime.server"], sys.modules["tritonkit.paths"]):
-        tree = ast.parse(Path(module.__file__).read_text(), feature_version=(3, 10))
+def test_supervisor_imports_only_the_standard_library_and_tritonkit():
+    """It runs on the container's Python (3.10 in 24.10), where only requirements-container.txt is installed, and
+    the image ships the whole tritonkit package (Dockerfile COPY), so every module of ours it loads is there."""
+    assert ("COPY", "tritonkit /opt/tritonkit/tritonkit") in _instructions(DOCKER / "Dockerfile")
+    # -S: no site-packages, so an import of anything third-party fails here as it would in the container.
+    loaded = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys, tritonkit.runtime.supervisor; "
+         "print(*sorted(m for m in sys.modules if m.split('.')[0] == 'tritonkit'))"],
+        cwd=paths.ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert {"tritonkit.runtime.supervisor", "tritonkit.runtime.watchdog"} <= set(loaded)
+    allowed = set(sys.stdlib_module_names) | {"tritonkit", "__future__"}
+    for name in loaded:
+        # Imports inside functions too, and the container's Python version's syntax.
+        tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text(), feature_version=(3, 10))
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert names <= allowed | {"__future__"}, f"{module.__name__}: {sorted(names - allowed)}"
-
-
-# --- supervisor decisions -------------------------------------------------------------------------------------
-
-def test_a_vanished_stub_marks_its_model_and_a_replaced_one_does_not():
-    known = {"tok_0_0": (10, "tok"), "tok_0_1": (11, "tok"), "pre_0_0": (12, "pre")}
-    assert supervisor.vanished_models(known, known) == set()
-    assert supervisor.vanished_models(known, {"tok_0_0": (10, "tok"), "pre_0_0": (12, "pre")}) == {"tok"}
-    # Reloaded through the API: same instance names, new pids. Not a crash.
-    assert supervisor.vanished_models(known, {"tok_0_0": (20, "tok"), "tok_0_1": (21, "tok"),
-                                              "pre_0_0": (12, "pre")}) == set()
-    assert supervisor.vanished_models(known, {}) == {"tok", "pre"}
-
-
-def test_only_models_the_repository_still_lists_ready_are_reloaded():
-    index = {"tok": "READY", "pre": "UNAVAILABLE"}
-    assert supervisor.models_to_reload({"tok", "pre", "gone"}, index) == ["tok"]
-    assert supervisor.models_to_reload(set(), index) == []
+        assert names <= allowed, f"{name}: {sorted(names - allowed)}"
 
 
 def test_the_repository_api_is_always_restricted():
@@ -156,48 +149,54 @@ def _echo(url: str, value: float) -> float:
         client.close()
 
 
-def _tick_until(watcher: supervisor.Watcher, done, timeout_s: float = 60.0) -> None:
+def _wait(predicate, what: str, watchdog: StubWatchdog, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        watcher.tick()
-        if done():
+        if predicate():
             return
         time.sleep(0.2)
-    raise AssertionError(f"not reached in {timeout_s}s; reloads: {watcher.reloads}")
+    raise AssertionError(f"not within {timeout_s}s: {what}; watchdog {dict(watchdog.counts)}, {watchdog.recoveries}")
 
 
-def test_watcher_reloads_a_killed_stub_and_leaves_an_unloaded_model(start_server, tmp_path):
-    # The launcher's own recovery is off: only the supervisor's watcher may bring the model back.
+def test_the_watchdog_over_http_reloads_a_killed_stub_and_leaves_an_unloaded_model(start_server, tmp_path):
+    """The supervisor's watchdog: StubWatchdog watching through TritonHttp, the server's HTTP API alone."""
+    # The launcher's own watchdog is off: only the one over HTTP may bring the model back.
     server = start_server(build_sleepy_repository(tmp_path / "repo", delay_ms=1), recover_crashed_stubs=False,
                           exit_timeout_s=5)
-    watcher = supervisor.Watcher(server.process.pid, server.http_url, server.control_key, log=lambda _line: None)
-    _tick_until(watcher, lambda: watcher.known is not None)
-    ((pid, model),) = watcher.known.values()
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(0.5)
-    with pytest.raises(InferenceServerException, match="not healthy"):
-        _echo(server.http_url, 1.0)  # what clients see until someone reloads
-    # ...while everything a probe or the index shows still says the model is fine (Triton 2.51).
-    probe = httpclient.InferenceServerClient(server.http_url)
-    assert probe.is_server_ready() and probe.is_model_ready("sleepy")
-    index = probe.get_model_repository_index(headers={CONTROL_HEADER: server.control_key})
-    probe.close()
-    assert {m["name"]: m["state"] for m in index} == {"sleepy": "READY"}
-    _tick_until(watcher, lambda: bool(watcher.reloads))
-    assert watcher.reloads[0]["model"] == model == "sleepy" and watcher.reloads[0]["outcome"] == "reloaded"
-    assert _echo(server.http_url, 2.0) == 2.0
-    ((new_pid, _),) = _stubs_of(server.process.pid).values()
-    assert new_pid != pid
+    api = TritonHttp(server.http_url, server.control_key, server.process)
+    # Slow looks: the crash stays unhandled long enough to show what clients and probes see meanwhile.
+    watchdog = StubWatchdog(api, poll_s=1.0)
+    watchdog.start(server.process)
+    try:
+        ((pid, model),) = _stubs_of(server.process.pid).values()
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(InferenceServerException, match="not healthy"):
+            _echo(server.http_url, 1.0)  # what clients see until someone reloads
+        # ...while everything a probe or the index shows still says the model is fine (Triton 2.51).
+        probe = httpclient.InferenceServerClient(server.http_url)
+        assert probe.is_server_ready() and probe.is_model_ready("sleepy")
+        probe.close()
+        assert api.model_states()["sleepy"][0] == "READY"
+        _wait(lambda: watchdog.counts[("sleepy", "reloaded")] == 1, "reloaded", watchdog)
+        assert watchdog.counts[("sleepy", "crash_detected")] == 1 and model == "sleepy"
+        assert _echo(server.http_url, 2.0) == 2.0
+        ((new_pid, _),) = _stubs_of(server.process.pid).values()
+        assert new_pid != pid
+        time.sleep(1.5)  # a look at the new stub: the watchdog can only report on stubs it saw alive
 
-    # Unloaded on purpose: its stub goes away, the index says UNAVAILABLE, and it stays unloaded.
-    server_client = httpclient.InferenceServerClient(server.http_url)
-    server_client.unload_model("sleepy", headers={CONTROL_HEADER: server.control_key})
-    server_client.close()
-    for _ in range(10):
-        watcher.tick()
-        time.sleep(0.2)
-    assert len(watcher.reloads) == 1, watcher.reloads
-    assert not _stubs_of(server.process.pid)
+        # Unloaded on purpose: its stub goes away, the index says UNAVAILABLE, and it stays unloaded.
+        control = httpclient.InferenceServerClient(server.http_url)
+        control.unload_model("sleepy", headers={CONTROL_HEADER: server.control_key})
+        control.close()
+        _wait(lambda: watchdog.counts[("sleepy", "left_to_operator")] == 1, "unload left alone", watchdog)
+        time.sleep(2.5)  # two more looks
+        assert api.model_states()["sleepy"] == ("UNAVAILABLE", "unloaded")
+        assert watchdog.counts[("sleepy", "reloaded")] == 1 and len(watchdog.recoveries) == 1, watchdog.recoveries
+        assert not _stubs_of(server.process.pid)
+        assert 'tritonkit_watchdog_actions_total{model="sleepy",action="left_to_operator"} 1' in watchdog.metrics()
+    finally:
+        api.process = None  # the server is stopping: the watchdog thread ends
 
 
 def _children(pid: int) -> list[int]:
@@ -244,7 +243,9 @@ def test_supervisor_runs_the_server_recovers_a_stub_and_drains_on_sigterm(tmp_pa
             except InferenceServerException:
                 time.sleep(0.2)
         assert value == 3.0, f"not recovered:\n{log.read_text()}"
-        assert "stub of 'sleepy' died; reloaded" in log.read_text()
+        # The shared watchdog's lines, on the supervisor's stdout (the container's log).
+        assert "watchdog: model 'sleepy': crash_detected" in log.read_text()
+        assert "watchdog: model 'sleepy': reloaded" in log.read_text()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)  # forwarded: Triton drains within its 5 s exit timeout
         # Triton's exit code passes through. The version whose stub died never finishes unloading (Triton 2.51),

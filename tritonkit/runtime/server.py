@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -20,8 +19,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,11 +31,12 @@ from tritonkit.runtime.backend_dir import (  # noqa: F401 - the launcher's publi
     server_binary,
     triton_home,
 )
-from tritonkit.runtime.watchdog import StubWatchdog, _stubs_of
+from tritonkit.runtime.watchdog import CONTROL_HEADER, StubWatchdog, TritonHttp, _stubs_of
 
 # Endpoints that change what the server serves or how it logs: only callers holding the control key may use them.
 RESTRICTED_APIS = "model-repository,trace,logging"
-CONTROL_HEADER = "tritonkit-key"
+
+
 def find_allocator(name: str) -> str | None:
     """The shared library to preload into tritonserver for `name` ("jemalloc"; "glibc" = none), or None when
     it is "glibc" or not installed (then glibc's malloc is used, with a warning)."""
@@ -251,30 +249,18 @@ class TritonServer:
         """Live Python-backend stubs of this server: instance name → (pid, model name)."""
         return {} if self.process is None else _stubs_of(self.process.pid)
 
+    @property
+    def api(self) -> TritonHttp:
+        """This server's HTTP API, the same client the container's supervisor watches through."""
+        return TritonHttp(self.http_url, self.control_key, self.process)
+
     def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None:
         """(Re)load a model through the restricted repository API, optionally with a config override."""
-        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
-        request = urllib.request.Request(
-            f"http://{self.http_url}/v2/repository/models/{model}/load", data=json.dumps(body).encode(),
-            method="POST", headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
+        self.api.load_model(model, timeout_s, config)
 
     def model_states(self) -> dict[str, tuple[str, str]]:
         """Model name → (state, reason) from the restricted repository index (a READY version wins)."""
-        request = urllib.request.Request(
-            f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
-            headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            index = json.load(response)
-        states: dict[str, tuple[str, str]] = {}
-        for entry in index:
-            state = (entry.get("state", ""), entry.get("reason", ""))
-            if entry["name"] not in states or state[0] == "READY":
-                states[entry["name"]] = state
-        return states
+        return self.api.model_states()
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -289,11 +275,7 @@ class TritonServer:
         raise ServerStartError(f"tritonserver not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
+        return self.api.is_ready()
 
     def log_tail(self, lines: int = 60) -> str:
         if not self.log_path or not Path(self.log_path).exists():

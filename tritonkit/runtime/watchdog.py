@@ -1,6 +1,9 @@
 """The stub watchdog: Triton 2.51 never restarts a Python-backend stub that died (kill -9, OOM killer) and keeps
 reporting its model READY. The watchdog reloads such a model, leaves alone what operators do through the
-repository API, retries a failed reload with backoff, and reports every action (log, stdout, a counter)."""
+repository API, retries a failed reload with backoff, and reports every action (log, stdout, a counter).
+
+One watchdog for the launcher (tritonkit.runtime.server) and the container's supervisor, which runs it on the NGC
+image's own Python: keep this module stdlib only."""
 
 from __future__ import annotations
 
@@ -12,22 +15,67 @@ import os
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import IO, Protocol
 
+# The header that opens Triton's restricted APIs (--http-restricted-api), the repository API among them.
+CONTROL_HEADER = "tritonkit-key"
+
 
 class Watched(Protocol):
-    """What the watchdog uses of the server it watches (tritonkit.runtime.server.TritonServer)."""
+    """What the watchdog uses of the server it watches: tritonkit.runtime.server.TritonServer (the launcher) or
+    TritonHttp (the container's supervisor). The watchdog stops when `process` is no longer the one it watches."""
 
     host: str
     http_url: str
     process: subprocess.Popen | None
-    _log: IO[bytes]
+    _log: IO[bytes] | None
 
     def model_states(self) -> dict[str, tuple[str, str]]: ...
 
     def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None: ...
+
+
+class TritonHttp:
+    """A tritonserver through its HTTP API: `Watched` for the supervisor, and the repository calls TritonServer
+    makes. `control_key` opens the restricted repository API."""
+
+    _log = None  # the server's output is this process's stdout, where the watchdog prints its lines already
+
+    def __init__(self, http_url: str, control_key: str, process: subprocess.Popen | None = None):
+        self.http_url, self.control_key, self.process = http_url, control_key, process
+        self.host = http_url.rpartition(":")[0]
+
+    def _post(self, path: str, body: dict, timeout_s: float) -> bytes:
+        request = urllib.request.Request(
+            f"http://{self.http_url}{path}", data=json.dumps(body).encode(), method="POST",
+            headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read()
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None:
+        """(Re)load a model through the restricted repository API, optionally with a config override."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        self._post(f"/v2/repository/models/{model}/load", body, timeout_s)
+
+    def model_states(self) -> dict[str, tuple[str, str]]:
+        """Model name → (state, reason) from the restricted repository index (a READY version wins)."""
+        states: dict[str, tuple[str, str]] = {}
+        for entry in json.loads(self._post("/v2/repository/index", {}, 10.0)):
+            state = (entry.get("state", ""), entry.get("reason", ""))
+            if entry["name"] not in states or state[0] == "READY":
+                states[entry["name"]] = state
+        return states
 
 
 def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
@@ -55,12 +103,11 @@ def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
     return stubs
 
 
-
 class StubWatchdog:
-    """Watches one TritonServer's stubs from a daemon thread (`start`)."""
+    """Watches one server's stubs from a daemon thread (`start`), looking every `poll_s` seconds."""
 
-    def __init__(self, server: Watched):
-        self.server = server
+    def __init__(self, server: Watched, poll_s: float = 0.5):
+        self.server, self.poll_s = server, poll_s
         self.recoveries: list[dict] = []
         self.counts: collections.Counter = collections.Counter()
         self._reloads = 0
@@ -90,15 +137,17 @@ class StubWatchdog:
         self.counts[(model, action)] += 1
         line = f"watchdog: model '{model}': {action}{': ' + detail if detail else ''}"
         print(line, flush=True)
+        log = self.server._log
         with contextlib.suppress(Exception):  # the log is closed while stopping
-            self.server._log.write(f"{time.strftime('%H:%M:%S')} {line}\n".encode())
-            self.server._log.flush()
+            if log is not None:
+                log.write(f"{time.strftime('%H:%M:%S')} {line}\n".encode())
+                log.flush()
 
     def _watch_stubs(self, process: subprocess.Popen, known: dict[str, tuple[int, str]]) -> None:
         """Reload a model whose stub crashed; leave alone what operators do through the repository API.
 
         A stub that is gone while the index still says its model is READY crashed (confirmed on a second look,
-        half a second later). A stub gone with its model UNLOADING/UNAVAILABLE/LOADING was unloaded or is being
+        one poll later). A stub gone with its model UNLOADING/UNAVAILABLE/LOADING was unloaded or is being
         reloaded through the API: the model is dropped from watch and picked up again when its new stubs appear.
         A failed reload is retried with exponential backoff (1 s doubling to 60 s) until it loads or an operator
         unloads or reloads the model. Readiness is not consulted: one unavailable model makes the whole server
@@ -107,7 +156,7 @@ class StubWatchdog:
         suspects: set[str] = set()  # instances missing at the last look
         retry: dict[str, tuple[int, float]] = {}  # model → (failed reloads, when to try again)
         while self.server.process is process and process.poll() is None:
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
             if self.server.process is not process:
                 return
             live = _stubs_of(process.pid)
