@@ -45,11 +45,16 @@ def _launch(smoke_repository, tmp_path, *extra: str, prefix: tuple[str, ...] = (
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_script_serves_and_stops_cleanly(smoke_repository, tmp_path, sig):
-    proc, out, (http, grpc, metrics) = _launch(smoke_repository, tmp_path, "--key-file", str(tmp_path / "key"))
+    watchdog = free_port()
+    proc, out, (http, grpc, metrics) = _launch(smoke_repository, tmp_path, "--key-file", str(tmp_path / "key"),
+                                               "--watchdog-metrics-port", str(watchdog))
     try:
         assert f"http://127.0.0.1:{http}" in out and f"127.0.0.1:{grpc}" in out and f":{metrics}/metrics" in out, out
         with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=5) as r:
             assert r.status == 200
+        assert f":{watchdog}/metrics" in out, out
+        with urllib.request.urlopen(f"http://127.0.0.1:{watchdog}/metrics", timeout=5) as r:
+            assert b"tritonkit_watchdog_actions_total" in r.read()
         server_pid = int(next(
             line.split()[0] for line in subprocess.run(
                 ["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout.splitlines()

@@ -351,7 +351,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ready  HTTP    http://{server.http_url}")
         print(f"       gRPC    {server.grpc_url}")
         print(f"       metrics {server.metrics_url}")
-        if args.watchdog_metrics_port and getattr(server, "_watchdog", None):
+        if args.watchdog_metrics_port and server.watchdog.watching:
             try:
                 port = server.serve_watchdog_metrics(args.watchdog_metrics_port)
                 print(f"       watchdog metrics http://{server.host}:{port}/metrics")

@@ -111,6 +111,11 @@ class StubWatchdog:
         self.recoveries: list[dict] = []
         self.counts: collections.Counter = collections.Counter()
         self._reloads = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def watching(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self, process: subprocess.Popen) -> None:
         # Snapshot the stubs before start() returns, so a stub that dies at once is still seen as a crash.
