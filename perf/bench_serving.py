@@ -20,6 +20,8 @@ Text variants (the encoder's config):
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
   fused_delay_500, fused_delay_1000  the fused model's dynamic batcher waiting up to 500 / 1000 us
   instances_1x2  one encoder instance of two threads (bigger batches, one copy of the weights read per run)
+  no_static, fused_no_static  the encoder (ensemble or fused) without static shapes: every packed run on the
+               dynamic model; static_12: static shapes for runs of one and two rows
   onnxruntime, openvino, fused_onnxruntime, fused_openvino  the encoder (ensemble or fused) on that runtime
 Image variants (the classifier's config):
   generated    as generated
@@ -67,6 +69,15 @@ def _edit_instances(count: int, threads: int):
     return edit
 
 
+def _edit_static(rows: str):
+    def edit(cfg: mc.ModelConfig) -> None:
+        if rows:
+            cfg.parameters["packed_static_rows"].string_value = rows
+        else:
+            del cfg.parameters["packed_static_rows"]
+    return edit
+
+
 FUSED = "fused"  # variants named fused*: the same generator on the spec's one-stub model, their edit applied to it
 VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": _edit_delay(500),
                       "delay_2000": _edit_delay(2000), FUSED: None,
@@ -74,7 +85,8 @@ VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": 
                       "fused_delay_500": _edit_delay(500),
                       "fused_delay_1000": _edit_delay(1000), "onnxruntime": rv.serve_on("onnxruntime"),
                       "openvino": rv.serve_on("openvino"), "fused_onnxruntime": rv.serve_on("onnxruntime"),
-                      "fused_openvino": rv.serve_on("openvino")},
+                      "fused_openvino": rv.serve_on("openvino"), "no_static": _edit_static(""),
+                      "static_12": _edit_static("1,2"), "fused_no_static": _edit_static("")},
             "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_delay(0)}}
 
 
@@ -140,7 +152,7 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     import numpy as np
 
     from tritonkit.repository import runtime_choice
-    from tritonkit.serving import runtimes
+    from tritonkit.serving import packing, runtimes
 
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     runtime = params.get("runtime", cfg.backend) if cfg.backend == "python" else cfg.backend
@@ -148,9 +160,11 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     packed = runtime_choice.served_file(path)
     if "packed_model" in params or cfg.backend == "python":
         path = packed
-    runner = runtimes.open_runner(runtime, path, {"name": cfg.name,
-                                                  "parameters": {k: {"string_value": v} for k, v in params.items()}})
+    config = {"name": cfg.name, "parameters": {k: {"string_value": v} for k, v in params.items()}}
+    runner = runtimes.open_runner(runtime, path, config)
     multiple = int(params.get("packed_width_multiple", "1"))
+    if path.name.endswith(".packed.onnx"):  # the static shapes its config compiles, as the backend does
+        runtimes.static_shapes(runner, config, packing.ROW_TOKENS, multiple, cfg.max_batch_size)
     rng = np.random.default_rng(0)
     total = sum(counts.values())
     sizes = [b for b, n in counts.items() for _ in range(max(1, round(64 * n / total)))]

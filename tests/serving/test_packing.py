@@ -110,3 +110,48 @@ def test_a_graph_without_position_embeddings_is_refused_by_name(tmp_path):
         node.input[:] = [i.replace("position_embeddings", "pos_table") for i in node.input]
     with pytest.raises(packing.PackingError, match="position_embeddings"):
         packing.pack_graph(model, "mean", True, HIDDEN)
+
+
+def test_static_shapes_parse_and_name_what_is_wrong():
+    assert packing.StaticShapes.parse("", 128, 16, 64) is None
+    static = packing.StaticShapes.parse("2, 1", 64, 16, 8)
+    assert static.rows == (1, 2) and list(static.widths()) == [16, 32, 48, 64]
+    examples = static.examples()
+    assert [e["input_ids"].shape for e in examples] == [(r, w) for r in (1, 2) for w in (16, 32, 48, 64)]
+    assert all(e["pool"].shape == (8, e["input_ids"].size) for e in examples)
+    for bad, why in (("one", "row counts such as"), ("0", "row counts >= 1")):
+        with pytest.raises(packing.PackingError, match=why):
+            packing.StaticShapes.parse(bad, 128, 16, 64)
+    with pytest.raises(packing.PackingError, match="width multiple >= 2"):
+        packing.StaticShapes.parse("1", 128, 1, 64)
+
+
+def test_static_shapes_on_openvino_give_the_dynamic_models_embeddings(tmp_path):
+    import onnx
+
+    from tritonkit.errors import ConfigError
+    from tritonkit.serving import runtimes
+
+    path = _export(tmp_path, "bert", "mean", True)
+    packed_path = tmp_path / "model.packed.onnx"
+    onnx.save(packing.pack_graph(onnx.load(str(path)), "mean", True, HIDDEN), str(packed_path))
+    config = {"name": "enc", "parameters": {"INFERENCE_NUM_THREADS": {"string_value": "1"},
+                                             "packed_static_rows": {"string_value": "1"}}}
+    dynamic = runtimes.open_runner("openvino", packed_path, config)
+    runner = runtimes.open_runner("openvino", packed_path, config)
+    static = runtimes.static_shapes(runner, config, row_tokens=32, width_multiple=16, texts=8)
+    assert len(runner.static) == 2 and "2 static shapes" in runner.describe()
+    rng = np.random.default_rng(1)
+    one_row = [rng.integers(5, 90, n) for n in (3, 9, 5)]  # 17 tokens: one row of width 32
+    two_rows = [rng.integers(5, 90, n) for n in (20, 25)]  # two rows: dynamic
+    for seqs, covered in ((one_row, True), (two_rows, False)):
+        feeds = packing.pack(seqs, 32, "mean", width_multiple=16)
+        fitted, keep = static.fit(feeds)
+        assert (keep == feeds["pool"].shape[0] and fitted["pool"].shape[0] == 8) is covered
+        assert (runtimes._shapes(fitted) in runner.static) is covered
+        want = dynamic.run(["embedding"], feeds, len(seqs))[0][0]
+        got = runner.run(["embedding"], feeds, len(seqs))[0][0]  # the runner fits the feeds itself
+        assert got.shape == want.shape and np.abs(got - want).max() < 1e-5
+    ort_runner = runtimes.open_runner("onnxruntime", packed_path, config)
+    with pytest.raises(ConfigError, match=r"parameters\.packed_static_rows: only the openvino runtime"):
+        runtimes.static_shapes(ort_runner, config, row_tokens=32, width_multiple=16, texts=8)

@@ -76,7 +76,8 @@ def parameters_for(kind, model: str) -> dict[str, str]:
     only for a kind that packs)."""
     params = dict(VARIANTS[variant_for(kind, model)][1])
     if not getattr(kind, "packable", False):
-        params.pop("packed_width_multiple", None)
+        for packed_only in ("packed_width_multiple", "packed_static_rows"):
+            params.pop(packed_only, None)
     return params
 
 
@@ -84,7 +85,8 @@ def served_session(kind, model: str, path: Path):
     """`path` opened as `model`'s config serves it (its runtime, precision and threads), with an
     onnxruntime-style `run(names, feeds)`: the offline twin of what the server runs."""
     s = kind.spec.serving
-    return open_variant(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads)
+    return open_variant(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads,
+                        s.max_batch_size)
 
 
 def _variant_width_multiple(variant: str) -> int:
@@ -126,7 +128,7 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
                   ) -> dict[str, dict[str, float]]:
     """{variant: {"batch<n>": items/s}}: runs interleaved across variants, each sample looped to `min_sample_s`,
     median of `repeats`."""
-    runners = {v: open_variant(v, path, threads) for v in variants}
+    runners = {v: open_variant(v, path, threads, kind.spec.serving.max_batch_size) for v in variants}
     out: dict[str, dict[str, float]] = {v: {} for v in runners}
     names = [_output(kind)]
     for batch in batches:
@@ -152,7 +154,8 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
 
 def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[str, float]:
     """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split."""
-    ref, got = open_variant(DEFAULT, fp32, threads), open_variant(variant, path, threads)
+    ref, got = open_variant(DEFAULT, fp32, threads), open_variant(variant, path, threads,
+                                                                  kind.spec.serving.max_batch_size)
     if path.name.endswith(".packed.onnx"):
         from tritonkit import data
 

@@ -232,7 +232,8 @@ def serve_on(runtime: str) -> Edit:
     def edit(cfg: mc.ModelConfig) -> None:
         threads = next((cfg.parameters[k].string_value for k in THREAD_PARAMETER.values() if k in cfg.parameters),
                        "1")
-        drop = set(THREAD_PARAMETER.values()) | (set(OPENVINO_PARAMETERS) if runtime != "openvino" else set())
+        leaving = {*OPENVINO_PARAMETERS, "packed_static_rows"} if runtime != "openvino" else set()
+        drop = set(THREAD_PARAMETER.values()) | leaving
         for key in [k for k in cfg.parameters if k in drop]:
             del cfg.parameters[key]
         cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads

@@ -24,7 +24,7 @@ from tritonkit.errors import ConfigError
 from tritonkit.serving import packing, textproc
 from tritonkit.serving.backend_utils import error_response, ort_metrics, param
 from tritonkit.serving.batching import length_buckets
-from tritonkit.serving.runtimes import open_runner
+from tritonkit.serving.runtimes import open_runner, static_shapes
 
 
 def _error(message: str, client: bool = True):
@@ -57,6 +57,11 @@ class TritonPythonModel:
             self.pooling = self.session.metadata[packing.META_POOLING]
             self.row_tokens = int(param(config, "packed_row_tokens", str(packing.ROW_TOKENS)))
             self.width_multiple = int(param(config, "packed_width_multiple", "1"))
+            try:
+                static_shapes(self.session, config, self.row_tokens, self.width_multiple,
+                              int(config.get("max_batch_size", 0)))
+            except ConfigError as err:
+                raise pb_utils.TritonModelException(str(err)) from None
         pb_utils.Logger.log_info(f"{self.name}: {self.session.describe()}, "
                                  f"{'packed batches from ' + packed.name if self.packed else 'buckets'}")
         self.dim = int(pb_utils.get_output_config_by_name(config, "embedding")["dims"][-1])

@@ -33,6 +33,9 @@ Config `parameters` (string values), same keys as the native backend where one e
                                                   slots) and its text count to a power of two, when > 1: fewer
                                                   distinct shapes for a runtime that prepares kernels per shape
                                                   (OpenVINO; default 1)
+  packed_static_rows                              openvino: row counts ("1", "1,2") whose packed runs, at every
+                                                  width bucket, run on models compiled for that static shape
+                                                  (tritonkit.serving.packing.StaticShapes; default none)
   arena_release_batch                             onnxruntime: after a burst of runs above this many rows, give its
                                                   CPU arena back to the OS
                                                   (tritonkit.serving.backend_utils.ArenaRelease; default
@@ -53,7 +56,7 @@ from tritonkit.errors import ConfigError
 from tritonkit.serving import packing
 from tritonkit.serving.backend_utils import error_response, index_limits, ort_metrics, pad_concat, param, usable_cpus
 from tritonkit.serving.batching import length_buckets
-from tritonkit.serving.runtimes import open_runner
+from tritonkit.serving.runtimes import open_runner, static_shapes
 
 
 class _RequestError(ValueError):
@@ -124,6 +127,10 @@ class OnnxModel:
                 self.row_tokens = int(param(self.config, "packed_row_tokens", str(packing.ROW_TOKENS)))
                 self.width_multiple = int(param(self.config, "packed_width_multiple", "1"))
                 self.pad_id = int(float(param(self.config, "pad_value.input_ids", "0")))
+                try:
+                    static_shapes(self.packed, self.config, self.row_tokens, self.width_multiple, self.max_batch_size)
+                except ConfigError as err:
+                    raise pb_utils.TritonModelException(str(err)) from None
                 pb_utils.Logger.log_info(f"{self.name}: packed batches from {packed_name} ({self.pooling} pooling, "
                                          f"rows of {self.row_tokens} tokens)")
             else:

@@ -18,13 +18,14 @@ INT8 recipe's weights and scales byte for byte.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tritonkit.errors import PackingError
 
-__all__ = ["POOLINGS", "PackingError", "layout", "pack", "pack_graph", "packed_path"]
+__all__ = ["POOLINGS", "PackingError", "StaticShapes", "layout", "pack", "pack_graph", "packed_path"]
 
 # Pooling modes a weight matrix can express; max pooling is not linear, so such models keep length buckets.
 POOLINGS = ("mean", "mean_sqrt_len", "cls")
@@ -124,6 +125,62 @@ def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id:
                 pool[i, flat : flat + n] = 1.0 / (np.sqrt(n) if pooling == "mean_sqrt_len" else n)
             offset += n
     return {"input_ids": ids, "position_ids": positions, "segment_ids": segments, "pool": pool}
+
+
+@dataclass(frozen=True)
+class StaticShapes:
+    """Packed run shapes a runtime compiles as static models beside the dynamic one: `rows` row counts at every
+    width bucket up to `row_tokens`, each with a pool of `texts` rows (the most texts one run takes).
+
+    OpenVINO's CPU plugin prepares every node again whenever a dynamic model's input shape changes, which a server's
+    batches do nearly every call (docs/runtimes.md); a static model never does."""
+
+    rows: tuple[int, ...]
+    row_tokens: int
+    width_multiple: int
+    texts: int
+
+    @classmethod
+    def parse(cls, value: str, row_tokens: int, width_multiple: int, texts: int) -> StaticShapes | None:
+        """From a config value such as "1" or "1,2" (empty: none); PackingError names what is wrong."""
+        try:
+            rows = tuple(sorted({int(v) for v in value.split(",") if v.strip()}))
+        except ValueError:
+            raise PackingError(f"expected row counts such as '1' or '1,2', got {value!r}") from None
+        if not rows:
+            return None
+        if rows[0] < 1 or width_multiple < 2 or texts < 1:
+            raise PackingError(f"static shapes need row counts >= 1, a width multiple >= 2 and a batch size >= 1 "
+                               f"(got rows {list(rows)}, width multiple {width_multiple}, batch size {texts})")
+        return cls(rows, row_tokens, width_multiple, texts)
+
+    def fit(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int | None]:
+        """Packed `feeds` whose rows and width are one of these shapes, with the pool grown to `texts` zero rows
+        (their outputs are dropped), and the texts to keep; (feeds, None) as given otherwise."""
+        rows, width = feeds["input_ids"].shape
+        texts = feeds["pool"].shape[0]
+        if rows not in self.rows or width > self.row_tokens or width % self.width_multiple or texts > self.texts:
+            return feeds, None
+        pool = np.zeros((self.texts, feeds["pool"].shape[1]), np.float32)
+        pool[:texts] = feeds["pool"]
+        return {**feeds, "pool": pool}, texts
+
+    def widths(self) -> range:
+        return range(self.width_multiple, self.row_tokens + 1, self.width_multiple)
+
+    def examples(self) -> list[dict[str, np.ndarray]]:
+        """One valid feed per static shape (each row one text of `width` tokens), to compile and warm up with."""
+        out = []
+        for rows in self.rows:
+            for width in self.widths():
+                pool = np.zeros((self.texts, rows * width), np.float32)
+                for r in range(min(rows, self.texts)):
+                    pool[r, r * width : (r + 1) * width] = 1.0 / width
+                out.append({"input_ids": np.zeros((rows, width), np.int64),
+                            "position_ids": np.tile(np.arange(width, dtype=np.int64), (rows, 1)),
+                            "segment_ids": np.repeat(np.arange(rows, dtype=np.int64)[:, None], width, axis=1),
+                            "pool": pool})
+        return out
 
 
 # -- graph rewrite -------------------------------------------------------------------------------------------

@@ -121,9 +121,11 @@ class OpenVinoRunner:
         import onnx
 
         core = openvino_core()
+        self.path = Path(path)
         self.properties = openvino_properties(config)
         self.compiled = core.compile_model(str(path), "CPU", self.properties)
         self.request = self.compiled.create_infer_request()
+        self.static: dict[tuple, object] = {}  # feed shapes -> an infer request of a model compiled for them
         self.input_names = {name for port in self.compiled.inputs for name in port.get_names()}
         self.output_names = [port.get_any_name() for port in self.compiled.outputs]
         self.input_shapes = {name: [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
@@ -140,7 +142,7 @@ class OpenVinoRunner:
         streams = self.compiled.get_property("NUM_STREAMS")
         precision = self.compiled.get_property("INFERENCE_PRECISION_HINT")
         return (f"openvino {self.version()} INFERENCE_NUM_THREADS={threads} NUM_STREAMS={streams} "
-                f"precision={precision}")
+                f"precision={precision}" + (f", {len(self.static)} static shapes" if self.static else ""))
 
     @staticmethod
     def version() -> str:
@@ -148,9 +150,55 @@ class OpenVinoRunner:
 
         return ov.get_version().split("-")[0]
 
+    def compile_static(self, static) -> None:
+        """Compile the packed graph once more per shape of `static` (packing.StaticShapes), every dim fixed, and run
+        it once; packed feeds that `static.fit` run there, the rest on the dynamic model. Each shape costs a copy
+        of the weights as compiled."""
+        import openvino as ov
+
+        model = openvino_core().read_model(str(self.path))
+        for feeds in static.examples():
+            fixed = model.clone()
+            fixed.reshape({name: ov.PartialShape(list(array.shape)) for name, array in feeds.items()})
+            request = openvino_core().compile_model(fixed, "CPU", self.properties).create_infer_request()
+            request.infer(feeds)
+            self.static[_shapes(feeds)] = request
+        self.static_shapes = static
+
     def run(self, outputs: list[str], feeds: dict, rows: int) -> tuple[list, bool]:
-        self.request.infer(feeds, share_inputs=True)
-        return [self.request.get_tensor(name).data.copy() for name in outputs], False
+        request, keep = self.request, None
+        if self.static:
+            fitted, keep = self.static_shapes.fit(feeds)
+            request = self.static.get(_shapes(fitted)) if keep is not None else None
+            feeds, request = (fitted, request) if request is not None else (feeds, self.request)
+        request.infer(feeds, share_inputs=True)
+        if keep is None or request is self.request:
+            return [request.get_tensor(name).data.copy() for name in outputs], False
+        return [request.get_tensor(name).data[:keep].copy() for name in outputs], False
+
+
+def _shapes(feeds: dict) -> tuple:
+    return tuple(sorted((name, array.shape) for name, array in feeds.items()))
+
+
+def static_shapes(runner, config: dict, row_tokens: int, width_multiple: int, texts: int):
+    """The config's `packed_static_rows` (packing.StaticShapes), compiled into `runner`; None where unset.
+    ConfigError names the parameter: a bad value, or a runtime without per-shape preparation to save."""
+    from tritonkit.errors import PackingError
+    from tritonkit.serving import packing
+
+    value = param(config, "packed_static_rows", "")
+    try:
+        static = packing.StaticShapes.parse(value, row_tokens, width_multiple, texts)
+    except PackingError as err:
+        raise ConfigError(config.get("name", "?"), "parameters.packed_static_rows", str(err)) from None
+    if static is None:
+        return None
+    if not hasattr(runner, "compile_static"):
+        raise ConfigError(config.get("name", "?"), "parameters.packed_static_rows",
+                          f"only the openvino runtime compiles static shapes, not {runner.runtime}")
+    runner.compile_static(static)
+    return static
 
 
 def runner_class(runtime: str):
@@ -171,8 +219,8 @@ DEFAULT = "onnxruntime"
 # INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
 VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "onnxruntime": ("onnxruntime", ()),
-    "openvino": ("openvino", (("packed_width_multiple", "16"),)),
-    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"), ("packed_width_multiple", "16"))),
+    "openvino": ("openvino", (("packed_width_multiple", "16"), ("packed_static_rows", "1"))),
+    "openvino-bf16": ("openvino", (("HINT_BF16", "YES"), ("packed_width_multiple", "16"), ("packed_static_rows", "1"))),
 }
 
 
@@ -193,8 +241,17 @@ def variant_config(threads: int, variant: str = DEFAULT) -> dict:
     return {"name": "runtime-choice", "parameters": {k: {"string_value": v} for k, v in params.items()}}
 
 
-def open_variant(variant: str, path: Path, threads: int) -> VariantSession:
-    return VariantSession(open_runner(VARIANTS[variant][0], path, variant_config(threads, variant)))
+def open_variant(variant: str, path: Path, threads: int, max_batch_size: int = 0) -> VariantSession:
+    """`path` opened as `variant` serves it; a packed file with `max_batch_size` gets the variant's static
+    shapes too (what its backend compiles), so offline runs take the kernels served runs take."""
+    config = variant_config(threads, variant)
+    runner = open_runner(VARIANTS[variant][0], path, config)
+    if max_batch_size and Path(path).name.endswith(".packed.onnx"):
+        from tritonkit.serving import packing
+
+        static_shapes(runner, config, packing.ROW_TOKENS, int(param(config, "packed_width_multiple", "1")),
+                      max_batch_size)
+    return VariantSession(runner)
 
 
 def versions() -> dict[str, str]:
