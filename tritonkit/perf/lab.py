@@ -10,7 +10,7 @@ interleaved, median reported. Around every run the statistics API is read, so ea
 queue vs compute time and the mean batch of every composing model. Then, with the server still up, the
 contenders run on the same cores in interleaved rounds (median of `compare_repeats`): the in-process baselines of
 tritonkit.perf.baselines (the model's own library; our own built ONNX models in-process, the ceiling a server must
-approach) and, for text, our server through the one HTTP load generator of tritonkit.perf.peers; with --peers also the
+approach) and, for text, our server through wrk (tritonkit.perf.peers); with --peers also the
 peer servers, sentence-transformers' own ONNX qint8 and its OpenVINO backend in FP32 and NNCF static INT8
 (tritonkit.perf.peers, each in its own venv, installed if missing). The summary states served / contender ratios and
 the peer table, with our served models' and our in-process INT8 ceiling's ratio over each contender.
@@ -325,7 +325,7 @@ def ratios(pipe: Pipeline, result: dict) -> list[dict]:
 def peer_table(pipe: Pipeline, result: dict) -> list[dict]:
     """The served INT8 ensemble at ratio_concurrency (perf_analyzer) and every contender: throughput, tokens/s
     (text), p50/p99, and served ÷ contender for the perf_analyzer point and, for text, for our server under the
-    same HTTP load generator as the peers; and our in-process INT8 ceiling (result["ceiling"]) ÷ contender."""
+    same wrk load as the peers; and our in-process INT8 ceiling (result["ceiling"]) ÷ contender."""
     label = pipe.workloads[0].label
     grpc = next((p for p in result["served"] if p.label == label and not p.request_rate
                  and p.concurrency == pipe.ratio_concurrency), None)
@@ -356,7 +356,7 @@ def peer_markdown(pipe: Pipeline, result: dict) -> list[str]:
     text = result.get("mean_tokens") is not None
     head = f"| contender | where | c | {pipe.unit}/s |" + (" tokens/s |" if text else "") + " p50 ms | p99 ms |"
     head += f" served ÷ it (perf_analyzer, c={pipe.ratio_concurrency}) |"
-    head += " served ÷ it (HTTP load generator) |" if text else ""
+    head += " served ÷ it (wrk over HTTP) |" if text else ""
     head += " our INT8 file in-process ÷ it |"
     rounds = result.get("compare_repeats")
     lines = [f"### {pipe.name}: peers and in-process baselines (median of {rounds or 'the'} interleaved rounds)", "",
@@ -437,7 +437,7 @@ def summary(results: dict[str, dict], meta: dict) -> str:
             lines.append(f"| {label} | c={p.concurrency} | {p.throughput:.1f} | {p.p50_ms:.1f} | "
                          f"{p.p95_ms:.1f} | {p.p99_ms:.1f} | |")
         for p in r.get("peers", []):
-            lines.append(f"| {p.label} (HTTP load generator) | c={p.concurrency} | {p.throughput:.1f} | "
+            lines.append(f"| {p.label} (wrk over HTTP) | c={p.concurrency} | {p.throughput:.1f} | "
                          f"{p.p50_ms:.1f} | {p.p95_ms:.1f} | {p.p99_ms:.1f} | |")
         lines += ["", *peer_markdown(pipe, r)]
         lines += ["", "| served | vs baseline | × at c | × best (c) |", "|---|---|---:|---:|"]
