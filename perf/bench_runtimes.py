@@ -6,9 +6,10 @@ The INT8 encoder's packed file (what backends/* run), one thread, as onnxruntime
 openvino-bf16 (tritonkit.repository.runtime_choice.VARIANTS). For each batch size, `calls` packed batches of random
 benchmark texts are run twice: "varied" (every call a new text mix, so a new input shape, as in a server) and "same"
 (the first batch repeated, one shape), and "bucketed" (the varied batches packed as the openvino backend packs them:
-row width a multiple of 16, power-of-two text counts). CPU ms per call from process_time. OpenVINO prepares its
-kernels per input shape, so the gap between the first two columns is what a server pays that a fixed-batch
-benchmark never sees, and the third what the buckets win back.
+row width a multiple of 16, power-of-two text counts), and for OpenVINO "static" (those bucketed batches with the
+variant's static shapes compiled, as its backend does: tritonkit.serving.packing.StaticShapes). CPU ms per call
+from process_time. OpenVINO prepares its kernels per input shape, so the gap between the first two columns is what
+a server pays that a fixed-batch benchmark never sees, and the last two what buckets and static shapes win back.
 """
 
 from __future__ import annotations
@@ -34,20 +35,27 @@ def main() -> None:
     texts = data.split("benchmark")
     rng = np.random.default_rng(0)
     print(f"{path.name}, 1 thread, {envinfo.cpu_model()}, {runtimes.versions()}")
-    print("| variant | batch | varied shapes | one shape | varied, bucketed |\n|---|---:|---:|---:|---:|")
+    print("| variant | batch | varied shapes | one shape | varied, bucketed | bucketed, static shapes |\n"
+          "|---|---:|---:|---:|---:|---:|")
     for batch in args.batches:
         mixes = [[texts[j] for j in rng.choice(len(texts), batch, replace=False)] for _ in range(args.calls)]
         varied = [kind.packed_feeds(m) for m in mixes]
         bucketed = [kind.packed_feeds(m, width_multiple=16) for m in mixes]
         for variant in runtime_choice.VARIANTS:
             session = runtime_choice.open_variant(variant, path, 1)
+            static = runtime_choice.open_variant(variant, path, 1, kind.spec.serving.max_batch_size) \
+                if runtime_choice.VARIANTS[variant][0] == "openvino" else None
             cells = []
-            for feeds in (varied, [varied[0]] * args.calls, bucketed):
+            for run, feeds in ((session, varied), (session, [varied[0]] * args.calls), (session, bucketed),
+                               (static, bucketed)):
+                if run is None:
+                    cells.append("–")
+                    continue
                 for f in feeds[:3]:
-                    session.run(["embedding"], f)
+                    run.run(["embedding"], f)
                 t0 = time.process_time()
                 for f in feeds:
-                    session.run(["embedding"], f)
+                    run.run(["embedding"], f)
                 cells.append(f"{(time.process_time() - t0) / len(feeds) * 1e3:.2f}")
             print(f"| {variant} | {batch} | {' | '.join(cells)} |")
 
