@@ -58,6 +58,10 @@ def restricted_command(command: Sequence[str], key: str | None) -> tuple[list[st
     return [*command, f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"], key
 
 
+# A container's models can be large and its node busy: reloads keep the 300 s the supervisor always gave them.
+RELOAD_TIMEOUT_S = 300.0
+
+
 def supervise(command: Sequence[str], key: str | None = None, poll_s: float = 0.5) -> int:
     """Start the server, watch its stubs with the launcher's StubWatchdog until it exits; returns its exit code."""
     command, key = restricted_command(command, key if key is not None else os.environ.get(KEY_ENV))
@@ -82,7 +86,7 @@ def supervise(command: Sequence[str], key: str | None = None, poll_s: float = 0.
         time.sleep(poll_s)
         # Started once ready, as the launcher starts it: every model loaded at startup has its stubs by then.
         if watchdog is None and mode == "explicit" and server.process is proc and server.is_ready():
-            watchdog = StubWatchdog(server, poll_s)
+            watchdog = StubWatchdog(server, poll_s, RELOAD_TIMEOUT_S)
             watchdog.start(proc)
             stubs = _stubs_of(proc.pid)
             models = sorted({m for _, m in stubs.values()})

@@ -106,8 +106,8 @@ def _stubs_of(server_pid: int) -> dict[str, tuple[int, str]]:
 class StubWatchdog:
     """Watches one server's stubs from a daemon thread (`start`), looking every `poll_s` seconds."""
 
-    def __init__(self, server: Watched, poll_s: float = 0.5):
-        self.server, self.poll_s = server, poll_s
+    def __init__(self, server: Watched, poll_s: float = 0.5, reload_timeout_s: float = 120.0):
+        self.server, self.poll_s, self.reload_timeout_s = server, poll_s, reload_timeout_s
         self.recoveries: list[dict] = []
         self.counts: collections.Counter = collections.Counter()
         self._reloads = 0
@@ -133,7 +133,7 @@ class StubWatchdog:
                 config = json.load(r)
             self._reloads += 1
             config.setdefault("parameters", {})["tritonkit_reload"] = {"string_value": str(self._reloads)}
-        server.load_model(model, config=config)
+        server.load_model(model, self.reload_timeout_s, config=config)
         if server.process is not None and not any(m == model for _, m in _stubs_of(server.process.pid).values()):
             raise RuntimeError("the load returned but the model has no live stub")
 
