@@ -223,6 +223,18 @@ def validate_onnx(
     return result
 
 
+def float16(model):
+    """An FP16 copy of an FP32 onnx ModelProto with FP32 inputs and outputs (onnxruntime's converter, which keeps a
+    graph ONNX Runtime loads; onnxconverter-common's retyped the text encoder's mask Cast and the classifier's
+    Softmax inconsistently): the graph TensorRT 11 builds as FP16 and the FP16 floor is measured on."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    # The converter names its I/O casts after the consuming nodes: unnamed nodes would give duplicate casts.
+    for i, node in enumerate(model.graph.node):
+        node.name = node.name or f"{node.op_type}_{i}"
+    return convert_float_to_float16(model, keep_io_types=True)
+
+
 def write_json(path: Path, payload: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -131,18 +131,11 @@ def axis_limits(kind) -> dict[str, int]:
 def fp16_cast(src: Path, dst: Path) -> Path:
     """FP16 copy of an FP32 graph with FP32 inputs/outputs, for TensorRT 11's strongly typed FP16 build."""
     import onnx
-    from onnxconverter_common import float16
 
-    model = onnx.load(str(src))
-    # The converter names its I/O casts after the consuming nodes: unnamed nodes would give duplicate casts.
-    for i, node in enumerate(model.graph.node):
-        node.name = node.name or f"{node.op_type}_{i}"
-    # Cast and Softmax stay FP32 (casts inserted around them): the converter retypes their outputs inconsistently
-    # and ONNX Runtime refuses the result (text encoder: the mask Cast; image classifier: the output Softmax).
-    model = float16.convert_float_to_float16(model, keep_io_types=True,
-                                             op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, "Cast", "Softmax"])
+    from tritonkit.export import float16
+
     dst.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dst))
+    onnx.save(float16(onnx.load(str(src))), str(dst))
     return dst
 
 
