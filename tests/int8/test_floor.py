@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.tiny_search import TinySpec, export_tiny
 from tritonkit import envinfo
-from tritonkit.int8 import evaluate, floor, recipe, search
+from tritonkit.int8 import evaluate, floor, pages, recipe, search
 from tritonkit.kinds.gates import Target
 
 
@@ -166,5 +166,5 @@ def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_p
     gate = next(g for g in report["gates"] if g["metric"] == "cosine_min")
     assert gate["absolute"] == 0.9999999
     assert gate["test"] == pytest.approx(half["test"]["cosine_min"] - 0.002, abs=1e-6)
-    page = recipe.render_markdown(report)
+    page = pages.render_markdown(report)
     assert "floor val / test" in page and f"{half['test']['cosine_min']:.4f}" in page

@@ -1,0 +1,87 @@
+"""A report of an INT8 build or search as a markdown page: gates beside the half-precision floor, metrics per
+split, speed per batch, the units kept in float and the search's steps. Pure: a report dict in, text out;
+tritonkit.int8.recipe writes these pages and assembles docs/int8.md from them."""
+
+from __future__ import annotations
+
+
+def _floor_lines(report: dict) -> list[str]:
+    """Gates beside the half-precision floor: absolute bound, floor, the bound judged against it, INT8's result."""
+    half = report.get("floor") or {}
+    if "unavailable" in half:
+        head = [f"No {half.get('precision')} floor here ({half['unavailable']}): the absolute gates decide.", ""]
+    elif half:
+        head = [f"Floor: the FP32 graph at {half['precision']} ({half.get('how')}), scored like INT8. A gate passes "
+                "within the kind's slack of the floor or at the absolute bound, whichever is looser, never below the "
+                "catastrophe bounds (tritonkit.int8.floor).", ""]
+    else:
+        head = []
+    lines = [*head, "| gate | absolute | floor val / test | bound val / test | INT8 val / test |",
+             "|---|---|---|---|---|"]
+    for g in report["gates"]:
+        m = g["metric"]
+        if m == "int8_speedup":
+            lines.append(f"| {m} {g['op']} | {g['value']} | | | {_f(report.get('speed', {}).get(m))} |")
+            continue
+        floor = " / ".join(_f((half.get(split) or {}).get(m)) for split in ("validation", "test")) if half else ""
+        bound = f"{g.get('validation', g['value'])} / {g.get('test', g['value'])}"
+        got = " / ".join(_f(report.get(split, {}).get(m)) for split in ("validation", "test"))
+        absolute = g.get("absolute", g["value"])
+        lines.append(f"| {m} {g['op']} | {'catastrophe only' if absolute is None else absolute} | {floor} | {bound} "
+                     f"| {got} |")
+    return lines
+
+
+def render_markdown(report: dict) -> str:
+    """A readable page: gates, metrics per split, speed per batch, float units and the search's steps."""
+    lines = [f"# {report['model']} INT8 ({report['form']} form): {report['status'].upper()}", ""]
+    env = report.get("env", {})
+    lines += [f"Made {report['created']} with {', '.join(f'{k} {v}' for k, v in env.get('packages', {}).items())}; "
+              f"CPU INT8 features: {', '.join(env.get('cpu_int8_features', [])) or 'none'}.", ""]
+    if report.get("served") == "fp32":
+        lines += [f"**No INT8 candidate passed; the FP32 model is served.** {report.get('reason', '')}", ""]
+    else:
+        lines += [f"Recipe: `{report.get('recipe_summary')}` from `{report['recipe_file']}`.", ""]
+        lines += _floor_lines(report)
+        speed = report.get("speed", {})
+        if speed:
+            lines += ["", "| batch | FP32 ms | INT8 ms | speed-up |", "|---|---|---|---|"]
+            for k in speed:
+                if k.startswith("speedup_batch"):
+                    b = k.removeprefix("speedup_batch")
+                    lines.append(f"| {b} | {speed[f'fp32_ms_batch{b}']:.2f} | {speed[f'int8_ms_batch{b}']:.2f} | "
+                                 f"{speed[k]:.2f} |")
+        float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
+        lines += ["", f"Kept in float ({len(float_nodes)}): " + (", ".join(f"`{n}`" for n in float_nodes) or "none")]
+        if report.get("int8_mac_share") is not None:
+            lines += ["", f"Weighted multiply-accumulates in INT8: {report['int8_mac_share']:.1%}."]
+        if report.get("missed"):
+            lines += ["", "Missed: " + "; ".join(report["missed"])]
+    search = report.get("search", {})
+    if search.get("steps"):
+        lines += ["", f"## Search ({search.get('seconds')} s on the validation split)", "",
+                  "| stage | change | recipe | distortion | passed | speed-up |", "|---|---|---|---|---|---|"]
+        for s in search["steps"]:
+            lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {s['distortion']:.3f} | "
+                         f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
+        lines += ["", "Time by stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())]
+        for sens in search.get("sensitivity") or []:
+            top = sens["units"][:8]
+            lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
+                      + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
+    return "\n".join(lines) + "\n"
+
+
+def stage_seconds(search: dict) -> dict[str, float]:
+    """Where a search's time went: its measured steps by stage, the sensitivity scans, and the rest (calibration
+    outside steps, the final speed and test-split runs)."""
+    out: dict[str, float] = {}
+    for s in search.get("steps") or []:
+        out[s["stage"]] = out.get(s["stage"], 0.0) + s.get("seconds", 0.0)
+    out["sensitivity"] = sum(x.get("seconds", 0.0) for x in search.get("sensitivity") or [])
+    out["other"] = max(0.0, (search.get("seconds") or 0.0) - sum(out.values()))
+    return out
+
+
+def _f(v) -> str:
+    return "" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
