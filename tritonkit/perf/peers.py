@@ -517,10 +517,10 @@ def http_point(server: PeerServer, texts: Sequence[str], concurrency: int, secon
         script.write_text(_WRK_SCRIPT)
         _wrk(server, bodies, script, concurrency, 1.0)
         out = _wrk(server, bodies, script, concurrency, seconds)
-    failed = sum(out[k] for k in ("status", "connect", "read", "write", "timeout"))
-    if failed or not out["requests"]:
-        raise PeerUnavailable(f"{server.label}: {failed} of {out['requests']} requests failed under wrk "
-                              f"({ {k: out[k] for k in ('status', 'connect', 'read', 'write', 'timeout')} })")
+    errors = {k: out[k] for k in ("status", "connect", "read", "write", "timeout")}  # wrk's error counters
+    if sum(errors.values()) or not out["requests"]:
+        raise PeerUnavailable(f"{server.label}: {sum(errors.values())} of {out['requests']} requests failed under "
+                              f"wrk ({errors})")
     return PerfPoint(label=server.label, concurrency=concurrency,
                      throughput=out["requests"] / (out["duration_us"] / 1e6),
                      p50_ms=out["p50_us"] / 1e3, p90_ms=out["p90_us"] / 1e3, p95_ms=out["p95_us"] / 1e3,

@@ -166,14 +166,13 @@ class OpenVinoRunner:
         self.static_shapes = static
 
     def run(self, outputs: list[str], feeds: dict, rows: int) -> tuple[list, bool]:
-        request, keep = self.request, None
+        request, keep = self.request, None  # keep: the output rows of a static run's grown pool that are real
         if self.static:
-            fitted, keep = self.static_shapes.fit(feeds)
-            request = self.static.get(_shapes(fitted)) if keep is not None else None
-            feeds, request = (fitted, request) if request is not None else (feeds, self.request)
+            fitted, texts = self.static_shapes.fit(feeds)
+            match = self.static.get(_shapes(fitted)) if texts is not None else None
+            if match is not None:
+                request, feeds, keep = match, fitted, texts
         request.infer(feeds, share_inputs=True)
-        if keep is None or request is self.request:
-            return [request.get_tensor(name).data.copy() for name in outputs], False
         return [request.get_tensor(name).data[:keep].copy() for name in outputs], False
 
 
