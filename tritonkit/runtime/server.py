@@ -262,6 +262,9 @@ class TritonServer:
         """Model name → (state, reason) from the restricted repository index (a READY version wins)."""
         return self.api.model_states()
 
+    def model_config(self, model: str) -> dict:
+        return self.api.model_config(model)
+
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -35,6 +35,8 @@ class Watched(Protocol):
 
     def model_states(self) -> dict[str, tuple[str, str]]: ...
 
+    def model_config(self, model: str) -> dict: ...
+
     def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None: ...
 
 
@@ -62,6 +64,11 @@ class TritonHttp:
                 return r.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
+
+    def model_config(self, model: str) -> dict:
+        """The config `model` is served with, as Triton reports it (JSON)."""
+        with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/config", timeout=10) as r:
+            return json.load(r)
 
     def load_model(self, model: str, timeout_s: float = 120.0, config: dict | None = None) -> None:
         """(Re)load a model through the restricted repository API, optionally with a config override."""
@@ -129,8 +136,7 @@ class StubWatchdog:
         loaded back with a changed `tritonkit_reload` parameter, which forces a full reload."""
         config, server = None, self.server
         if server.model_states().get(model, ("",))[0] == "READY":  # else (a failed reload) a plain load is full
-            with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/config", timeout=10) as r:
-                config = json.load(r)
+            config = server.model_config(model)
             self._reloads += 1
             config.setdefault("parameters", {})["tritonkit_reload"] = {"string_value": str(self._reloads)}
         server.load_model(model, self.reload_timeout_s, config=config)
