@@ -8,10 +8,11 @@ Each variant is a scratch model repository holding the spec's ensemble, its prep
 tritonserver and driven closed-loop by 16 callers: texts by wrk, the perf lab's native HTTP load generator
 (tritonkit.perf.peers.http_point, one real benchmark text per request), images by tritonkit.perf.load's gRPC generator
 (one of the lab's JPEG photos per request). While it runs, the CPU time of every process (tritonserver, each Python
-stub, the load generator) is read from /proc (tritonkit.perf.load, as the soak does). For text, the server's CPU per
-text (every tritonserver process) is set against the same INT8 file run in this process on the runtime and
-parameters of the encoder's config, tokenize + pack + run, at the batch sizes the server ran (Triton's batch
-statistics) in the same proportions. Variants are interleaved; the median of the repeats is printed.
+stub, the load generator) is read from /proc (tritonkit.perf.load, as the soak does), and the server's PSS after
+it. For text, the server's CPU per text (every tritonserver process) is set against the same INT8 file run in this
+process on the runtime and parameters of the encoder's config, tokenize + pack + run, at the batch sizes the server
+ran (Triton's batch statistics) in the same proportions. Variants are interleaved; the median of the repeats is
+printed.
 
 Text variants (the encoder's config):
   generated    the configs as `python -m tritonkit.repository.generate` writes them
@@ -22,6 +23,7 @@ Text variants (the encoder's config):
   instances_1x2  one encoder instance of two threads (bigger batches, one copy of the weights read per run)
   no_static, fused_no_static  the encoder (ensemble or fused) without static shapes: every packed run on the
                dynamic model; static_12: static shapes for runs of one and two rows
+  rows_128, rows_256, fused_rows_128, fused_rows_256  packed rows of 128 / 256 tokens (packed_row_tokens)
   onnxruntime, openvino, fused_onnxruntime, fused_openvino  the encoder (ensemble or fused) on that runtime
 Image variants (the classifier's config):
   generated    as generated
@@ -69,6 +71,12 @@ def _edit_instances(count: int, threads: int):
     return edit
 
 
+def _edit_row_tokens(tokens: int):
+    def edit(cfg: mc.ModelConfig) -> None:
+        cfg.parameters["packed_row_tokens"].string_value = str(tokens)
+    return edit
+
+
 def _edit_static(rows: str):
     def edit(cfg: mc.ModelConfig) -> None:
         if rows:
@@ -86,7 +94,9 @@ VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": 
                       "fused_delay_1000": _edit_delay(1000), "onnxruntime": rv.serve_on("onnxruntime"),
                       "openvino": rv.serve_on("openvino"), "fused_onnxruntime": rv.serve_on("onnxruntime"),
                       "fused_openvino": rv.serve_on("openvino"), "no_static": _edit_static(""),
-                      "static_12": _edit_static("1,2"), "fused_no_static": _edit_static("")},
+                      "static_12": _edit_static("1,2"), "fused_no_static": _edit_static(""),
+                      "rows_128": _edit_row_tokens(128), "rows_256": _edit_row_tokens(256),
+                      "fused_rows_128": _edit_row_tokens(128), "fused_rows_256": _edit_row_tokens(256)},
             "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_delay(0)}}
 
 
@@ -163,15 +173,17 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     config = {"name": cfg.name, "parameters": {k: {"string_value": v} for k, v in params.items()}}
     runner = runtimes.open_runner(runtime, path, config)
     multiple = int(params.get("packed_width_multiple", "1"))
+    row_tokens = int(params.get("packed_row_tokens", packing.ROW_TOKENS))
     if path.name.endswith(".packed.onnx"):  # the static shapes its config compiles, as the backend does
-        runtimes.static_shapes(runner, config, packing.ROW_TOKENS, multiple, cfg.max_batch_size)
+        runtimes.static_shapes(runner, config, row_tokens, multiple, cfg.max_batch_size)
     rng = np.random.default_rng(0)
     total = sum(counts.values())
     sizes = [b for b, n in counts.items() for _ in range(max(1, round(64 * n / total)))]
     calls = [[texts[int(j)] for j in rng.choice(len(texts), b, replace=False)] for b in sizes]
 
     def run(batch: list[str]) -> None:
-        feeds = kind.packed_feeds(batch, width_multiple=multiple) if path.name.endswith(".packed.onnx") \
+        packed = path.name.endswith(".packed.onnx")
+        feeds = kind.packed_feeds(batch, width_multiple=multiple, row_tokens=row_tokens) if packed \
             else kind.encode(batch)
         feeds = {k: v for k, v in feeds.items() if k in runner.input_names}
         runner.run([OUTPUT], feeds, len(next(iter(feeds.values()))))
@@ -199,11 +211,13 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
         rate, p50, p99 = drive(seconds)
         after, mine_after, wall = snapshot(), os.times(), os.times().elapsed - wall
         counts = {b: n - counts_before.get(b, 0) for b, n in batch_counts(server.http_url, compute_model).items()}
+        memory = load.group_memory(server.process.pid)
         cfg = text_format.Parse((Path(tmp) / compute_model / "config.pbtxt").read_text(), mc.ModelConfig())
     out = {f"{unit}/s": rate, "p50 ms": p50, "p99 ms": p99}
     for role in sorted(after):
         out[f"cores: {role}"] = (after[role] - before.get(role, 0.0)) / wall
     out["cores: load generator"] = (mine_after.user + mine_after.system - mine.user - mine.system) / wall
+    out["PSS MiB"] = memory["pss_mib"]  # every process of the server, after the run
     counts = {b: n for b, n in counts.items() if n > 0}
     out["mean batch"] = sum(b * n for b, n in counts.items()) / max(1, sum(counts.values()))
     if unit == "texts":  # every tritonserver process against the same file run in-process at the same batch sizes

@@ -126,6 +126,20 @@ def test_static_shapes_parse_and_name_what_is_wrong():
         packing.StaticShapes.parse("1", 128, 1, 64)
 
 
+def test_row_widths_bucket_by_sixteen_to_128_then_by_steps_doubling_every_eight():
+    widths = [packing.bucket_width(w, 16) for w in (1, 16, 17, 128, 129, 161, 256, 257)]
+    assert widths == [16, 16, 32, 128, 160, 192, 256, 320]
+    assert packing.bucket_width(37, 1) == 37  # no multiple: exact widths (ONNX Runtime)
+    static = packing.StaticShapes.parse("1", 256, 16, 8)
+    assert static.widths() == (*range(16, 129, 16), 160, 192, 224, 256)
+    feeds = packing.pack([np.arange(1, 140), np.arange(1, 4)], 256, "mean", width_multiple=16)
+    assert feeds["input_ids"].shape == (1, 160) and feeds["pool"].shape == (2, 160)  # 142 tokens, one row
+    fitted, keep = static.fit(feeds)
+    assert keep == 2 and fitted["pool"].shape == (8, 160)
+    wide = packing.pack([np.arange(1, 200), np.arange(1, 100)], 256, "mean", width_multiple=16)
+    assert wide["input_ids"].shape == (2, 224) and static.fit(wide)[1] is None  # two rows: the dynamic model
+
+
 def test_static_shapes_on_openvino_give_the_dynamic_models_embeddings(tmp_path):
     import onnx
 

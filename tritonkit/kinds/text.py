@@ -280,14 +280,14 @@ class TextEmbedding(Kind):
         tmp.replace(out)
         return out
 
-    def packed_feeds(self, texts: Sequence[str], balanced: bool = True, width_multiple: int = 1
-                     ) -> dict[str, np.ndarray]:
+    def packed_feeds(self, texts: Sequence[str], balanced: bool = True, width_multiple: int = 1,
+                     row_tokens: int | None = None) -> dict[str, np.ndarray]:
         """`texts` tokenized and packed end to end (tritonkit.serving.packing), as the served encoder runs them."""
         from tritonkit.serving import packing
 
         ids = [np.asarray(e.ids, np.int64) for e in self._tokenizer(self.MAX_LENGTH).encode_batch(list(texts))]
-        return packing.pack(ids, packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id, balanced,
-                            width_multiple=width_multiple)
+        return packing.pack(ids, row_tokens or packing.ROW_TOKENS, self.spec.facts.pooling, self.spec.facts.pad_id,
+                            balanced, width_multiple=width_multiple)
 
     def embed_packed(self, sess, texts: Sequence[str], batch_size: int = PACKED_BATCH) -> np.ndarray:
         """Embeddings in the input order, `batch_size` texts per packed run in that (arrival) order."""

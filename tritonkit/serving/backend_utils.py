@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from pathlib import Path
 
 
@@ -135,16 +136,59 @@ ORT_COUNTERS = (
 )
 
 
-def ort_metrics(pb_utils, labels: dict[str, str]) -> tuple[dict, dict]:
-    """`tritonkit_ort_<counter>_total` on the metrics port: (families, metrics). Keep both alive on the model:
-    a family must outlive its metrics."""
+# How often a stub hands its counters to Triton's metrics (Counters); tests wait this long before reading them.
+COUNTER_FLUSH_S = 0.25
+
+
+class Counters:
+    """Counters kept in the stub and handed to Triton's metrics every COUNTER_FLUSH_S by a thread of their own.
+
+    Every `Metric.increment` is a round trip to the server process; five per run took ~5 % of the served encoder
+    stub's samples and a share of tritonserver's CPU (docs/performance.md). The stub's message queue is locked,
+    so the thread may send while `execute` runs."""
+
+    def __init__(self, families: dict, metrics: dict, flush_s: float = COUNTER_FLUSH_S):
+        self._families, self._metrics = families, metrics  # a family must outlive its metrics
+        self._pending = dict.fromkeys(metrics, 0)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(flush_s,), name="tritonkit-counters", daemon=True)
+        self._thread.start()
+
+    def add(self, key: str, n: int = 1) -> None:
+        if n:
+            with self._lock:
+                self._pending[key] += n
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, dict.fromkeys(self._metrics, 0)
+        for key, n in pending.items():
+            if n:
+                self._metrics[key].increment(n)
+
+    def _loop(self, flush_s: float) -> None:
+        while not self._stop.wait(flush_s):
+            self.flush()
+
+    def close(self) -> None:
+        """Flush what is pending and stop the thread (the model's finalize)."""
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        self._metrics.clear()
+        self._families.clear()
+
+
+def ort_metrics(pb_utils, labels: dict[str, str]) -> Counters:
+    """`tritonkit_ort_<counter>_total` on the metrics port, counted through `Counters`; close them in finalize."""
     families, metrics = {}, {}
     for key, desc in ORT_COUNTERS:
         families[key] = pb_utils.MetricFamily(
             name=f"tritonkit_ort_{key}_total", description=desc, kind=pb_utils.MetricFamily.COUNTER
         )
         metrics[key] = families[key].Metric(labels=labels)
-    return families, metrics
+    return Counters(families, metrics)
 
 
 def error_response(pb_utils, message: str, client: bool = True):

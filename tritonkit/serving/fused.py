@@ -70,11 +70,11 @@ class TritonPythonModel:
         self.max_padding = None if max_padding is None else float(max_padding)
         labels = {"model": self.name, "version": str(args["model_version"])}
         # Same counters as backends/onnxruntime, so dashboards and benchmarks read padding waste alike.
-        self._families, self._metrics = ort_metrics(pb_utils, labels)
+        self._counters = ort_metrics(pb_utils, labels)
         for _ in range(int(param(config, "warmup_runs", "2"))):  # lazy kernel set-up before the first request
             self._embed(self.tok.encode([["warm-up text", "a second, longer warm-up text"]])[0].encodings,
                         count=False)
-            self._metrics["warmup_runs"].increment(1)
+            self._counters.add("warmup_runs", 1)
 
     def _embed(self, encodings: list, count: bool = True) -> np.ndarray:
         """Embeddings of `encodings` in one packed run (or length buckets); `count=False` leaves the counters be."""
@@ -96,10 +96,10 @@ class TritonPythonModel:
                 released |= freed
                 fed += 2 * ids.size
         if count:
-            self._metrics["arena_releases"].increment(int(released))
-            self._metrics["session_runs"].increment(runs)
-            self._metrics["input_elements"].increment(fed)
-            self._metrics["padding_elements"].increment(fed - useful)
+            self._counters.add("arena_releases", int(released))
+            self._counters.add("session_runs", runs)
+            self._counters.add("input_elements", fed)
+            self._counters.add("padding_elements", fed - useful)
         return out
 
     def execute(self, requests):
@@ -119,7 +119,7 @@ class TritonPythonModel:
             for r, _ in good:
                 responses[r] = _error(f"{self.name}: inference failed: {err}", client=False)
             return responses
-        self._metrics["batched_requests"].increment(len(good))
+        self._counters.add("batched_requests", len(good))
         start = 0
         for r, enc in good:
             n = len(enc.encodings)
@@ -134,6 +134,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
-        self._metrics.clear()
-        self._families.clear()
+        self._counters.close()
         self.session = None

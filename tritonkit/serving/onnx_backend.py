@@ -137,7 +137,7 @@ class OnnxModel:
                 pb_utils.Logger.log_warn(f"{self.name}: {packed_name} not found; padded length buckets instead "
                                          "(`make build` writes it)")
         labels = {"model": self.name, "version": str(args["model_version"])}
-        self._families, self._metrics = ort_metrics(pb_utils, labels)
+        self._counters = ort_metrics(pb_utils, labels)
         self._warm_up(int(param(self.config, "warmup_runs", "2")))
 
     def _warm_up(self, runs: int) -> None:
@@ -159,7 +159,7 @@ class OnnxModel:
                     merged, _, _ = self._pack([feeds])
                     self.packed.run([name for name, _ in self.outputs], merged, rows or 1)
                 self.session.run([name for name, _ in self.outputs], feeds, rows or 1)
-                self._metrics["warmup_runs"].increment(1)
+                self._counters.add("warmup_runs", 1)
         except Exception as err:  # a model whose inputs need real values: serve anyway, say so
             pb_utils.Logger.log_warn(f"{self.name}: warm-up skipped: {err}")
 
@@ -256,17 +256,17 @@ class OnnxModel:
             merged, total, padding = self._batch(feeds_list)
             rows = next(iter(merged.values())).shape[0]
         if retry:
-            self._metrics["retried_runs"].increment(1)
+            self._counters.add("retried_runs", 1)
         try:
             results, released = session.run([name for name, _ in self.outputs], merged, rows)
         except Exception:
-            self._metrics["failed_runs"].increment(1)
+            self._counters.add("failed_runs", 1)
             raise
-        self._metrics["session_runs"].increment(1)
-        self._metrics["arena_releases"].increment(int(released))
-        self._metrics["batched_requests"].increment(len(feeds_list))
-        self._metrics["input_elements"].increment(total)
-        self._metrics["padding_elements"].increment(padding)
+        self._counters.add("session_runs", 1)
+        self._counters.add("arena_releases", int(released))
+        self._counters.add("batched_requests", len(feeds_list))
+        self._counters.add("input_elements", total)
+        self._counters.add("padding_elements", padding)
         if self.max_batch_size == 0:
             return [results]
         per_request, start = [], 0
@@ -333,8 +333,7 @@ class OnnxModel:
         return responses
 
     def finalize(self) -> None:
-        self._metrics.clear()
-        self._families.clear()
+        self._counters.close()
         self.session = self.packed = None
 
 

@@ -17,6 +17,7 @@ INT8 recipe's weights and scales byte for byte.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,20 +26,34 @@ import numpy as np
 
 from tritonkit.errors import PackingError
 
-__all__ = ["POOLINGS", "PackingError", "StaticShapes", "layout", "pack", "pack_graph", "packed_path"]
+__all__ = ["POOLINGS", "PackingError", "StaticShapes", "bucket_width", "layout", "pack", "pack_graph", "packed_path"]
 
 # Pooling modes a weight matrix can express; max pooling is not linear, so such models keep length buckets.
 POOLINGS = ("mean", "mean_sqrt_len", "cls")
 INPUTS = ("input_ids", "position_ids", "segment_ids", "pool")
-# Tokens per packed row: attention costs rows x row_tokens^2, so rows much longer than a dynamic batch's texts
-# buy nothing. perf/bench_ceiling.py measures 64-256 within noise of each other on MiniLM.
-ROW_TOKENS = 128
+# Tokens per packed row: one row holds a served batch of ~12 short texts, so OpenVINO runs most batches on a
+# static one-row shape (docs/runtimes.md: 13 % less CPU per text than rows of 128); ONNX Runtime measures 64-256
+# within noise of each other on MiniLM (perf/bench_ceiling.py).
+ROW_TOKENS = 256
+# Width buckets per doubling of the row width (width_multiple > 1): 16..128 by 16, then 160..256 by 32, and so on.
+BUCKETS_PER_DOUBLING = 8
 # Row counts tried beyond the fewest that can hold a batch: more rows are rarely narrower, and each try costs a
 # first-fit pass in the request path.
 SPARE_ROWS = 2
 # The additive mask value of a masked key: the one transformers uses, so exp() underflows to exactly 0.
 MASKED = float(np.finfo(np.float32).min)
 META_POOLING = "tritonkit.packed_pooling"
+
+
+def bucket_width(width: int, multiple: int) -> int:
+    """`width` rounded up to its bucket: multiples of `multiple` up to BUCKETS_PER_DOUBLING of them, then steps that
+    double every BUCKETS_PER_DOUBLING buckets, so wide rows take few shapes; `multiple` <= 1: `width` itself."""
+    if multiple <= 1:
+        return width
+    step = multiple
+    while width > BUCKETS_PER_DOUBLING * step:
+        step *= 2
+    return -(-width // step) * step
 
 
 def packed_path(model_path: Path) -> Path:
@@ -96,8 +111,8 @@ def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id:
     Rows as `layout` balances them; the pool matrix's row i weights text i's tokens as its pooling does (mean:
     1/len; mean_sqrt_len: 1/sqrt(len); cls: its first token), so the output's row i is text i's embedding, in the
     order given. `width_multiple` > 1 buckets the shapes, so a runtime that prepares kernels per input shape
-    (OpenVINO) sees few distinct ones: the row width rounds up to a multiple of it (masked slots) and the pool's
-    text count up to a power of two (zero rows, whose outputs the caller drops).
+    (OpenVINO) sees few distinct ones: the row width rounds up to its bucket (`bucket_width`, masked slots) and
+    the pool's text count up to a power of two (zero rows, whose outputs the caller drops).
     """
     if pooling not in POOLINGS:
         raise PackingError(f"pooling '{pooling}' cannot be packed (packable: {', '.join(POOLINGS)})")
@@ -105,7 +120,7 @@ def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id:
     if not lengths or min(lengths) < 1:
         raise PackingError("every text needs at least one token")
     rows, width = layout(lengths, row_tokens, balanced)
-    width = -(-width // width_multiple) * width_multiple
+    width = bucket_width(width, width_multiple)
     ids = np.full((len(rows), width), pad_id, np.int64)
     positions = np.zeros((len(rows), width), np.int64)
     segments = np.full((len(rows), width), -1, np.int64)
@@ -130,7 +145,8 @@ def pack(sequences: Sequence[np.ndarray], row_tokens: int, pooling: str, pad_id:
 @dataclass(frozen=True)
 class StaticShapes:
     """Packed run shapes a runtime compiles as static models beside the dynamic one: `rows` row counts at every
-    width bucket up to `row_tokens`, each with a pool of `texts` rows (the most texts one run takes).
+    width bucket (`bucket_width`) up to `row_tokens`'s, each with a pool of `texts` rows (the most texts one run
+    takes).
 
     OpenVINO's CPU plugin prepares every node again whenever a dynamic model's input shape changes, which a server's
     batches do nearly every call (docs/runtimes.md); a static model never does."""
@@ -159,14 +175,14 @@ class StaticShapes:
         (their outputs are dropped), and the texts to keep; (feeds, None) as given otherwise."""
         rows, width = feeds["input_ids"].shape
         texts = feeds["pool"].shape[0]
-        if rows not in self.rows or width > self.row_tokens or width % self.width_multiple or texts > self.texts:
+        if rows not in self.rows or width not in self.widths() or texts > self.texts:
             return feeds, None
         pool = np.zeros((self.texts, feeds["pool"].shape[1]), np.float32)
         pool[:texts] = feeds["pool"]
         return {**feeds, "pool": pool}, texts
 
-    def widths(self) -> range:
-        return range(self.width_multiple, self.row_tokens + 1, self.width_multiple)
+    def widths(self) -> tuple[int, ...]:
+        return _widths(self.row_tokens, self.width_multiple)
 
     def examples(self) -> list[dict[str, np.ndarray]]:
         """One valid feed per static shape (each row one text of `width` tokens), to compile and warm up with."""
@@ -181,6 +197,11 @@ class StaticShapes:
                             "segment_ids": np.repeat(np.arange(rows, dtype=np.int64)[:, None], width, axis=1),
                             "pool": pool})
         return out
+
+
+@functools.cache
+def _widths(row_tokens: int, multiple: int) -> tuple[int, ...]:
+    return tuple(sorted({bucket_width(w, multiple) for w in range(1, row_tokens + 1)}))
 
 
 # -- graph rewrite -------------------------------------------------------------------------------------------
