@@ -139,3 +139,7 @@ class SetupError(TritonkitError, RuntimeError):
 # raised by tritonkit.runtime.server
 class ServerStartError(TritonkitError, RuntimeError):
     """tritonserver exited or did not become ready; the message carries its log tail."""
+
+
+class RepositoryCallError(TritonkitError, RuntimeError):
+    """A repository API call (load, unload) was refused; the message carries Triton's own reason."""

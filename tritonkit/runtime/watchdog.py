@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Protocol
 
+from tritonkit.errors import RepositoryCallError
+
 # The header that opens Triton's restricted APIs (--http-restricted-api), the repository API among them.
 CONTROL_HEADER = "tritonkit-key"
 
@@ -55,8 +57,16 @@ class TritonHttp:
             f"http://{self.http_url}{path}", data=json.dumps(body).encode(), method="POST",
             headers={CONTROL_HEADER: self.control_key, "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.read()
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return response.read()
+        except urllib.error.HTTPError as err:  # Triton says why in a JSON body: pass it on, not just the status
+            body = err.read().decode(errors="replace")
+            try:
+                reason = json.loads(body).get("error", body)
+            except ValueError:
+                reason = body
+            raise RepositoryCallError(f"POST {path}: HTTP {err.code}: {reason.strip() or err.reason}") from None
 
     def is_ready(self) -> bool:
         try:
