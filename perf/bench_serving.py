@@ -21,6 +21,8 @@ Text variants (the encoder's config):
   fused        `<name>_fused` instead of the ensemble: tokenizer and encoder in one stub, as generated
   fused_delay_500, fused_delay_1000  the fused model's dynamic batcher waiting up to 500 / 1000 us
   instances_1x2  one encoder instance of two threads (bigger batches, one copy of the weights read per run)
+  instances_3x1  three one-thread encoder instances on two cores (one runs while another waits for its batch);
+               fused_instances_1x2 and fused_instances_3x1 the same for the fused model
   no_static, fused_no_static  the encoder (ensemble or fused) without static shapes: every packed run on the
                dynamic model; static_12: static shapes for runs of one and two rows
   rows_128, rows_256, fused_rows_128, fused_rows_256  packed rows of 128 / 256 tokens (packed_row_tokens)
@@ -90,6 +92,7 @@ FUSED = "fused"  # variants named fused*: the same generator on the spec's one-s
 VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": _edit_delay(500),
                       "delay_2000": _edit_delay(2000), FUSED: None,
                       "instances_1x2": _edit_instances(1, 2), "fused_instances_1x2": _edit_instances(1, 2),
+                      "instances_3x1": _edit_instances(3, 1), "fused_instances_3x1": _edit_instances(3, 1),
                       "fused_delay_500": _edit_delay(500),
                       "fused_delay_1000": _edit_delay(1000), "onnxruntime": rv.serve_on("onnxruntime"),
                       "openvino": rv.serve_on("openvino"), "fused_onnxruntime": rv.serve_on("onnxruntime"),

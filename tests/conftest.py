@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,9 +22,9 @@ def _interrupt(signum, _frame):
 signal.signal(signal.SIGTERM, _interrupt)
 
 
-@pytest.fixture(scope="session")
-def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
-    """Factory: `start_server(repo, **kwargs)` → a ready server; every one started is stopped at session end."""
+@contextlib.contextmanager
+def _servers(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
+    """Factory: `start(repo, **kwargs)` → a ready server; every one started is stopped on leaving."""
     started: list[TritonServer] = []
 
     def start(model_repository: Path, **kwargs) -> TritonServer:
@@ -40,6 +41,21 @@ def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
         list(pool.map(TritonServer.stop, started))
 
 
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
+    """Servers stopped when their module's tests are done: kept for the session, the text encoders' stubs alone
+    (~0.9 GiB each with static shapes) outgrew a 24 GiB machine."""
+    with _servers(tmp_path_factory) as start:
+        yield start
+
+
+@pytest.fixture(scope="session")
+def start_session_server(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
+    """For servers every module shares (the tiny smoke server)."""
+    with _servers(tmp_path_factory) as start:
+        yield start
+
+
 @pytest.fixture(scope="session")
 def smoke_repository(tmp_path_factory) -> Path:
     from tests.support.tiny_models import build_smoke_repository
@@ -48,8 +64,8 @@ def smoke_repository(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smoke_server(start_server, smoke_repository) -> TritonServer:
-    return start_server(smoke_repository)
+def smoke_server(start_session_server, smoke_repository) -> TritonServer:
+    return start_session_server(smoke_repository)
 
 
 def pytest_collection_modifyitems(config, items):

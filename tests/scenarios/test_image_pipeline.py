@@ -33,7 +33,7 @@ def image_build():
     return build.build("image", progress=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def image_server(start_server, image_build):
     return start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=MODELS)
 
