@@ -143,9 +143,9 @@ COUNTER_FLUSH_S = 0.25
 class Counters:
     """Counters kept in the stub and handed to Triton's metrics every COUNTER_FLUSH_S by a thread of their own.
 
-    Every `Metric.increment` is a round trip to the server process; five per run took ~5 % of the served encoder
-    stub's samples and a share of tritonserver's CPU (docs/performance.md). The stub's message queue is locked,
-    so the thread may send while `execute` runs."""
+    Every `Metric.increment` is a synchronous round trip to the server process, which the request path should not
+    wait on five times a run (docs/performance.md). The stub's message queue is locked, so the thread may send
+    while `execute` runs."""
 
     def __init__(self, families: dict, metrics: dict, flush_s: float = COUNTER_FLUSH_S):
         self._families, self._metrics = families, metrics  # a family must outlive its metrics
