@@ -177,7 +177,8 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     runner = runtimes.open_runner(runtime, path, config)
     multiple = int(params.get("packed_width_multiple", "1"))
     row_tokens = int(params.get("packed_row_tokens", packing.ROW_TOKENS))
-    if path.name.endswith(".packed.onnx"):  # the static shapes its config compiles, as the backend does
+    runs_packed = path.name.endswith(".packed.onnx")
+    if runs_packed:  # the static shapes its config compiles, as the backend does
         runtimes.static_shapes(runner, config, row_tokens, multiple, cfg.max_batch_size)
     rng = np.random.default_rng(0)
     total = sum(counts.values())
@@ -185,8 +186,7 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     calls = [[texts[int(j)] for j in rng.choice(len(texts), b, replace=False)] for b in sizes]
 
     def run(batch: list[str]) -> None:
-        packed = path.name.endswith(".packed.onnx")
-        feeds = kind.packed_feeds(batch, width_multiple=multiple, row_tokens=row_tokens) if packed \
+        feeds = kind.packed_feeds(batch, width_multiple=multiple, row_tokens=row_tokens) if runs_packed \
             else kind.encode(batch)
         feeds = {k: v for k, v in feeds.items() if k in runner.input_names}
         runner.run([OUTPUT], feeds, len(next(iter(feeds.values()))))

@@ -299,17 +299,16 @@ def time_in_process(
     )
 
 
-def metrics_counters(metrics_url: str, prefix: str = "tritonkit_ort_", settle_s: float | None = None
-                     ) -> dict[tuple[str, str], float]:
-    """Prometheus counters `{prefix}*` from the server's metrics port: {(name, model): value}, read `settle_s`
-    from now (default: twice the time our stubs take to hand their counts to Triton, backend_utils.Counters)."""
+def metrics_counters(metrics_url: str, prefix: str = "tritonkit_ort_") -> dict[tuple[str, str], float]:
+    """Prometheus counters `{prefix}*` from the server's metrics port: {(name, model): value}, read after twice
+    the time our stubs take to hand their counts to Triton (backend_utils.Counters), so they include this moment's."""
     import re
     import time
     import urllib.request
 
     from tritonkit.serving.backend_utils import COUNTER_FLUSH_S
 
-    time.sleep(2 * COUNTER_FLUSH_S if settle_s is None else settle_s)
+    time.sleep(2 * COUNTER_FLUSH_S)
 
     with urllib.request.urlopen(metrics_url, timeout=5) as r:
         text = r.read().decode()

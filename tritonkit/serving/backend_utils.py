@@ -136,7 +136,7 @@ ORT_COUNTERS = (
 )
 
 
-# How often a stub hands its counters to Triton's metrics (Counters); tests wait this long before reading them.
+# How often a stub hands its counters to Triton's metrics (Counters); perf.analyzer.metrics_counters waits 2x.
 COUNTER_FLUSH_S = 0.25
 
 

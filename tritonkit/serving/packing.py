@@ -32,8 +32,7 @@ __all__ = ["POOLINGS", "PackingError", "StaticShapes", "bucket_width", "layout",
 POOLINGS = ("mean", "mean_sqrt_len", "cls")
 INPUTS = ("input_ids", "position_ids", "segment_ids", "pool")
 # Tokens per packed row: one row holds a served batch of ~12 short texts, so OpenVINO runs most batches on a
-# static one-row shape (docs/runtimes.md: 13 % less CPU per text than rows of 128); ONNX Runtime measures 64-256
-# within noise of each other on MiniLM (perf/bench_ceiling.py).
+# static one-row shape (docs/runtimes.md#static-shapes); ONNX Runtime times 64-256 alike (perf/bench_ceiling.py).
 ROW_TOKENS = 256
 # Width buckets per doubling of the row width (width_multiple > 1): 16..128 by 16, then 160..256 by 32, and so on.
 BUCKETS_PER_DOUBLING = 8
