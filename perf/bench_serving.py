@@ -27,9 +27,10 @@ Text variants (the encoder's config):
                dynamic model; static_12: static shapes for runs of one and two rows
   rows_128, rows_256, fused_rows_128, fused_rows_256  packed rows of 128 / 256 tokens (packed_row_tokens)
   onnxruntime, openvino, fused_onnxruntime, fused_openvino  the encoder (ensemble or fused) on that runtime
-Image variants (the classifier's config):
+Image variants (the classifier's config, and the preprocessor's where named):
   generated    as generated
-  instances_2x1  two classifier instances of one ORT thread each, instead of the spec's instances x threads
+  instances_2x1, instances_1x2  the classifier as two instances of one thread / one instance of two threads
+  stubs_2_instances_1x2  two preprocessor stubs and one two-thread classifier (the spec's choice until 2026-11-26)
   no_wait      the classifier's dynamic batcher without a queue delay
 """
 
@@ -73,6 +74,12 @@ def _edit_instances(count: int, threads: int):
     return edit
 
 
+def _edit_preprocessors(count: int):
+    def edit(cfg: mc.ModelConfig) -> None:
+        cfg.instance_group[0].count = count
+    return edit
+
+
 def _edit_row_tokens(tokens: int):
     def edit(cfg: mc.ModelConfig) -> None:
         cfg.parameters["packed_row_tokens"].string_value = str(tokens)
@@ -100,7 +107,11 @@ VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": 
                       "static_12": _edit_static("1,2"), "fused_no_static": _edit_static(""),
                       "rows_128": _edit_row_tokens(128), "rows_256": _edit_row_tokens(256),
                       "fused_rows_128": _edit_row_tokens(128), "fused_rows_256": _edit_row_tokens(256)},
-            "images": {"generated": None, "instances_2x1": _edit_instances(2, 1), "no_wait": _edit_delay(0)}}
+            "images": {"generated": None, "instances_2x1": _edit_instances(2, 1),
+                       "instances_1x2": _edit_instances(1, 2),
+                       "stubs_2_instances_1x2": {"preprocessor": _edit_preprocessors(2),
+                                                 "model": _edit_instances(1, 2)},
+                       "no_wait": _edit_delay(0)}}
 
 
 def models(kind, fused: bool = False) -> list[str]:
@@ -111,8 +122,9 @@ def models(kind, fused: bool = False) -> list[str]:
 
 def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
     """The ensemble's models (or the fused model), their files linked, the encoder's (or the fused model's) config
-    edited by `edit`."""
-    edited = models(kind, fused)[0] if fused else kind.INT8_MODEL
+    edited by `edit`, or each role's config by its edit where `edit` is {"preprocessor" | "model": edit}."""
+    roles = {"model": models(kind, fused)[0] if fused else kind.INT8_MODEL, "preprocessor": kind.PREPROCESSOR}
+    edits = {roles[role]: e for role, e in (edit if isinstance(edit, dict) else {"model": edit}).items()}
     for model in models(kind, fused):
         src, dst = paths.MODEL_REPOSITORY / model, root / model
         dst.mkdir(parents=True)
@@ -120,8 +132,8 @@ def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
             if entry.name != "config.pbtxt":
                 (dst / entry.name).symlink_to(entry.resolve())
         cfg = text_format.Parse((src / "config.pbtxt").read_text(), mc.ModelConfig())
-        if model == edited and edit is not None:
-            edit(cfg)
+        if edits.get(model) is not None:
+            edits[model](cfg)
         (dst / "config.pbtxt").write_text(text_format.MessageToString(cfg))
     return root
 

@@ -84,9 +84,7 @@ def parameters_for(kind, model: str) -> dict[str, str]:
 def served_session(kind, model: str, path: Path):
     """`path` opened as `model`'s config serves it (its runtime, precision and threads), with an
     onnxruntime-style `run(names, feeds)`: the offline twin of what the server runs."""
-    s = kind.spec.serving
-    return open_variant(variant_for(kind, model), path, s.model_threads if model == kind.INT8_MODEL else s.fp32_threads,
-                        s.max_batch_size)
+    return open_variant(variant_for(kind, model), path, served_threads(kind, model), kind.spec.serving.max_batch_size)
 
 
 def _variant_width_multiple(variant: str) -> int:
@@ -184,6 +182,20 @@ def source_digest(kind, fp32_digest: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def served_threads(kind, model: str) -> int:
+    s = kind.spec.serving
+    return s.model_threads if model == kind.INT8_MODEL else s.fp32_threads
+
+
+def reusable(old: dict | None, digest: str, source: str, served: str, threads: int) -> bool:
+    """Whether a committed record still speaks for the file: the same file (or the same INT8 sources), timed at the
+    threads per instance it is served with now (a spec that changes them changes which runtime wins)."""
+    if not old:
+        return False
+    same = digest == old.get("sha256") or source == old.get("source")
+    return same and old.get("file") == served and old.get("threads") == threads
+
+
 def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
@@ -191,8 +203,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     from tritonkit.int8 import floor
     from tritonkit.kinds.gates import Target, missed
 
-    s = kind.spec.serving
-    threads = s.model_threads if model == kind.INT8_MODEL else s.fp32_threads
+    threads = served_threads(kind, model)
     file = served_file(path)
     variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
     speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads)
@@ -242,8 +253,7 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
         old, served = records.get(model), paths.rel(served_file(path))
         digest = fp32_digest if path == fp32 else _digest(path)
         source = source_digest(kind, fp32_digest) if gated else digest
-        same = digest == old.get("sha256") or source == old.get("source") if old else False
-        if not force and same and old.get("file") == served:
+        if not force and reusable(old, digest, source, served, served_threads(kind, model)):
             records[model] = {**old, "source": source}
             log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
             continue

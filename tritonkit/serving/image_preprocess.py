@@ -63,5 +63,7 @@ class TritonPythonModel:
                 more = f" (+{len(bad) - 1} more bad images)" if len(bad) > 1 else ""
                 responses[r] = _bad_request(f"image_preprocess: IMAGE[{first}]: {msg}{more}")
                 continue
-            responses[r] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("PIXELS", pixels[rows])])
+            # A request's images are consecutive rows: a view, not a copy (pb_utils.Tensor copies into shared memory).
+            span = pixels[rows[0]:rows[-1] + 1] if len(rows) else pixels[:0]
+            responses[r] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("PIXELS", span)])
         return responses
