@@ -32,6 +32,8 @@ Image variants (the classifier's config, and the preprocessor's where named):
   instances_2x1, instances_1x2  the classifier as two instances of one thread / one instance of two threads
   stubs_2_instances_1x2  two preprocessor stubs and one two-thread classifier (the spec's choice until 2026-11-26)
   no_wait      the classifier's dynamic batcher without a queue delay
+  fused        `<name>_fused`: decode and classifier in one stub, as generated; fused_delay_0 / fused_delay_2000
+               its batcher waiting 0 / 2000 us; fused_instances_1x2 one instance of two threads
 """
 
 from __future__ import annotations
@@ -111,11 +113,12 @@ VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": 
                        "instances_1x2": _edit_instances(1, 2),
                        "stubs_2_instances_1x2": {"preprocessor": _edit_preprocessors(2),
                                                  "model": _edit_instances(1, 2)},
-                       "no_wait": _edit_delay(0)}}
+                       "no_wait": _edit_delay(0), FUSED: None, "fused_delay_0": _edit_delay(0),
+                       "fused_delay_2000": _edit_delay(2000), "fused_instances_1x2": _edit_instances(1, 2)}}
 
 
 def models(kind, fused: bool = False) -> list[str]:
-    """The ensemble and its two steps, or the fused model (which reads the INT8 encoder's files)."""
+    """The ensemble and its two steps, or the fused model (which reads the INT8 model's files)."""
     return [f"{kind.spec.name}_fused", kind.INT8_MODEL] if fused else [kind.spec.name, kind.PREPROCESSOR,
                                                                         kind.INT8_MODEL]
 

@@ -33,6 +33,9 @@ def test_the_first_pipelines_keep_their_names():
     names = {e.config.name for e in generate.repository(text)}
     assert names == {"tokenizer", "text_encoder", "text_encoder_fp32", "text_embedding", "text_embedding_fp32",
                      "text_embedding_fused"}
+    assert {e.config.name for e in generate.repository(image)} == {
+        "image_preprocess", "image_classifier", "image_classifier_fp32", "image_classification",
+        "image_classification_fp32", "image_classification_fused"}
 
 
 def test_config_comparison_counts_fields_not_formatting():

@@ -23,7 +23,11 @@ spec = kinds.get("image_classification")
 
 pytestmark = pytest.mark.slow
 CAT_CLASSES = {"Egyptian cat", "tabby, tabby cat", "tiger cat"}
-MODELS = ["image_classification", "image_classification_fp32"]
+MODELS = ["image_classification", "image_classification_fp32", "image_classification_fused"]
+INT8 = ["image_classification", "image_classification_fused"]  # the INT8 ensemble and its one-stub twin
+# Who names a bad image: the ensemble's preprocessor, or the one-stub model itself.
+BAD_INPUT_PREFIX = {"image_classification": "image_preprocess",
+                    "image_classification_fused": "image_classification_fused"}
 
 
 @pytest.fixture(scope="session")
@@ -71,14 +75,20 @@ def test_fp32_served_logits_match_torch(image_server, torch_model):
     np.testing.assert_allclose(out["PROBABILITIES"].sum(1), 1.0, atol=1e-5)
 
 
-def test_served_int8_equals_the_offline_int8_model(image_server, image_build):
-    """Served INT8 vs the same ONNX run in-process on the same photos: only batching noise may differ; what
-    cannot flip (top-5 containment, probabilities within noise) is asserted for near ties too."""
+@pytest.mark.parametrize("model", INT8)
+def test_served_int8_equals_the_offline_int8_model(image_server, image_build, model):
+    """Served INT8 (ensemble or fused) vs the same ONNX run in-process on the same photos: only batching noise may
+    differ; what cannot flip (top-5 containment, probabilities within noise) is asserted for near ties too."""
     examples = spec.examples("test", ("full", "center70"))[::3]
     data = [e.data for e in examples]
     client = _client(image_server)
-    served = np.concatenate([image.probabilities(data[i : i + 16], client=client, outputs=["LOGITS"])["LOGITS"]
-                             for i in range(0, len(data), 16)])
+    bounds, sizes = [0], (1, 16, 5, 9, 3)  # concurrent calls of 1-16 images: batches that mix requests
+    while bounds[-1] < len(data):
+        bounds.append(min(len(data), bounds[-1] + sizes[len(bounds) % len(sizes)]))
+    with ThreadPoolExecutor(4) as pool:
+        served = np.concatenate(list(pool.map(
+            lambda a, b: image.probabilities(data[a:b], client=client, model=model, outputs=["LOGITS"])["LOGITS"],
+            bounds[:-1], bounds[1:])))
     from tritonkit.repository import runtime_choice
 
     x = imaging.preprocess(data, spec.PREPROCESS)[0]
@@ -117,8 +127,9 @@ def test_served_int8_is_the_searched_form_and_engines_get_the_tensorrt_form(imag
     assert engines.trt_source_onnx(model_dir, spec.INT8_MODEL) == image_build.trt_int8
 
 
+@pytest.mark.parametrize("model", INT8)
 @pytest.mark.parametrize("case", ["empty", "non-image", "corrupt", "truncated", "bomb", "gif"])
-def test_bad_input_fails_alone_and_server_stays_healthy(image_server, case):
+def test_bad_input_fails_alone_and_server_stays_healthy(image_server, case, model):
     from tests.support.image_support import bad_inputs
 
     data, expected = bad_inputs()[case]
@@ -127,17 +138,18 @@ def test_bad_input_fails_alone_and_server_stays_healthy(image_server, case):
 
     def bad_request():
         with pytest.raises(ClientError) as err:
-            image.classify([spec.photo_bytes("chelsea"), data], client=_client(image_server), batch_size=2)
+            image.classify([spec.photo_bytes("chelsea"), data], client=_client(image_server), batch_size=2,
+                           model=model)
         return str(err.value)
 
     # The bad request is batched with concurrent good ones: only it fails.
     with ThreadPoolExecutor(4) as pool:
-        goods = [pool.submit(image.classify, good, 1, _client(image_server)) for _ in range(3)]
+        goods = [pool.submit(image.classify, good, 1, _client(image_server), model=model) for _ in range(3)]
         message = pool.submit(bad_request).result()
         assert all(f.result()[0][0].label == "espresso" for f in goods)
-    assert "image_preprocess: IMAGE[1]: " in message and expected in message, message
+    assert f"{BAD_INPUT_PREFIX[model]}: IMAGE[1]: " in message and expected in message, message
     assert client._client().is_server_live() and client._client().is_server_ready()
-    assert image.classify(good, top_k=1, client=client)[0][0].label == "espresso"
+    assert image.classify(good, top_k=1, client=client, model=model)[0][0].label == "espresso"
 
 
 @pytest.mark.parametrize("extra", [[], ["--protocol", "grpc"], ["--async"], ["--shared-memory"],

@@ -153,3 +153,21 @@ def test_an_unexpected_failure_is_still_one_images_error(monkeypatch, chelsea_jp
     batch, errors = imaging.preprocess([chelsea_jpeg, chelsea_jpeg])
     assert errors[0] is None and np.abs(batch[0]).sum() > 0
     assert str(errors[1]) == "IMAGE[1]: cannot preprocess (ValueError: conversion not supported)"
+
+
+def test_per_request_gives_each_request_its_rows_or_its_first_bad_image():
+    from tritonkit.errors import ImageInputError
+
+    bad = ImageInputError("IMAGE[3]: empty input (0 bytes)")
+    worse = ImageInputError("IMAGE[4]: not a decodable image")
+    spans = imaging.per_request([2, 3, 1], [None, None, None, bad, worse, None])
+    assert spans == [slice(0, 2), "IMAGE[1]: empty input (0 bytes) (+1 more bad images)", slice(5, 6)]
+
+
+def test_config_from_parameters_reads_the_generated_parameters():
+    params = {"resize": "320", "mean": "1,2,3", "std": "4,5,6", "max_pixels": "100", "max_bytes": "50"}
+    cfg = imaging.config_from_parameters({"parameters": {k: {"string_value": v} for k, v in params.items()}}, 288)
+    assert (cfg.crop, cfg.resize, cfg.mean, cfg.std, cfg.max_pixels, cfg.max_bytes) == (
+        288, 320, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0), 100, 50)
+    with pytest.raises(ValueError, match=r"parameters\.mean"):
+        imaging.config_from_parameters({"parameters": {"mean": {"string_value": "1,2"}}}, 224)

@@ -186,8 +186,9 @@ class ImageClassification(Kind):
 
     def write_assets(self, model_repository: Path) -> list[Path]:
         """Build outputs besides the ONNX files: the labels file next to each classifier's config."""
+        fused = [f"{self.NAME}_fused"] if self.spec.serving.fused else []
         return [self.write_labels(Path(model_repository) / m / "labels.txt")
-                for m in (self.FP32_MODEL, self.INT8_MODEL)]
+                for m in (self.FP32_MODEL, self.INT8_MODEL, *fused)]
 
     # -- photos -----------------------------------------------------------------------------------------
 

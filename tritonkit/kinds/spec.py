@@ -128,8 +128,11 @@ class Serving:
     preprocessor_queue_delay_us: int = 500
     # Text: length buckets of at most this padding share per session.run (tritonkit.serving.batching).
     ragged_max_padding: float = 0.25
-    fused: bool = False  # text: also serve <name>_fused (tokenizer + INT8 encoder in one Python model)
+    # Also serve <name>_fused: the preprocessor and the INT8 model in one Python model (text: tokenizer + encoder;
+    # image: decode + classifier), no second stub or tensor hop between them.
+    fused: bool = False
     fused_queue_delay_us: int = 0  # the fused model's batching wait
+    fused_instances: int = 0  # the fused model's instances; 0: as many as the INT8 model's
 
 
 @dataclass

@@ -221,6 +221,8 @@ def pipeline(name: str) -> Pipeline:
     workloads = [
         Workload(n, f"{n} ({served} ensemble)", _image_rows, (pre, int8), True),
         Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _image_rows, (pre, fp32), True, full_only=True),
+        *([Workload(f"{n}_fused", f"{n}_fused ({served}, one stub)", _image_rows, (f"{n}_fused",), True)]
+          if kind.spec.serving.fused else []),
         Workload(pre, f"{pre} alone", _image_rows, (pre,)),
         Workload(int8, f"{int8} alone (pre-processed pixels)", partial(_pixel_rows, n), (int8,)),
     ]

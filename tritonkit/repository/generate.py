@@ -4,10 +4,11 @@
     python -m tritonkit.repository.generate --check  # exit 1 naming each stale or missing file (make check-configs)
 
 Per text-embedding spec: the tokenizer, the FP32 and INT8 encoders, the ensembles `<name>` (INT8) and
-`<name>_fp32`, and `<name>_fused` if the spec asks. Per image-classification spec: the preprocessor, the FP32
-and INT8 classifiers, the ensembles `<name>` and `<name>_fp32`. Configs go through tritonkit.repository.config (Triton's
-protobuf schema) and carry a "generated; do not edit" header. A model whose INT8 search found nothing that passes
-(tritonkit.int8.recipe) is served as FP32 under its INT8 name; its config says so, and the backend logs it at load.
+`<name>_fp32`. Per image-classification spec: the preprocessor, the FP32 and INT8 classifiers, the ensembles
+`<name>` and `<name>_fp32`. Either kind: `<name>_fused` if the spec asks. Configs go through
+tritonkit.repository.config (Triton's protobuf schema) and carry a "generated; do not edit" header. A model whose INT8
+search found nothing that passes (tritonkit.int8.recipe) is served as FP32 under its INT8 name; its config says so,
+and the backend logs it at load.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ MAX_CHARS = 100_000
 MAX_PIXELS = 40_000_000
 MAX_BYTES = 32 * 1024 * 1024
 PYTHON_SHIMS = {"tokenizer": "tritonkit.serving.tokenizer", "image_preprocess": "tritonkit.serving.image_preprocess",
-                "fused": "tritonkit.serving.fused"}
+                "fused": "tritonkit.serving.fused", "fused_image": "tritonkit.serving.fused_image"}
 
 
 @dataclass
@@ -112,20 +113,27 @@ def text_repository(kind) -> list[Entry]:
         entries.append(_ensemble(kind, ensemble, text_in, [embedding, *extras], steps,
                                  f"Text in -> {about} out ({encoder}); also num_tokens and truncated per text."))
     if s.fused:
-        from tritonkit.repository import runtime_choice
-
-        runtime = runtime_choice.runtime_for(kind, kind.INT8_MODEL)  # the encoder's file, so the encoder's runtime
-        entries.append(Entry(ModelSpec(
-            name=f"{spec.name}_fused", backend="python", max_batch_size=s.max_batch_size, inputs=text_in,
-            outputs=[embedding, *extras], instance_count=s.model_instances,
-            dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.fused_queue_delay_us),
-            parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx", "runtime": runtime,
-                        THREAD_PARAMETER[runtime]: str(s.model_threads),
-                        **runtime_choice.parameters_for(kind, kind.INT8_MODEL),
-                        **tokenizer_params, "ragged_max_padding": str(s.ragged_max_padding)},
-            header=_header(kind, f"`{spec.name}` in one Python stub: tokenizer + the INT8 encoder's ONNX.")),
-            "fused"))
+        entries.append(_fused(kind, text_in, [embedding, *extras],
+                              {**tokenizer_params, "ragged_max_padding": str(s.ragged_max_padding)},
+                              "tokenizer + the INT8 encoder's ONNX", "fused"))
     return entries
+
+
+def _fused(kind, inputs: list[Tensor], outputs: list[Tensor], params: dict[str, str], what: str, shim: str) -> Entry:
+    """`<name>_fused`: the preprocessor's work and the INT8 model's file (read in place, on the runtime the build
+    chose for it) in one Python model."""
+    from tritonkit.repository import runtime_choice
+
+    s = kind.spec.serving
+    runtime = runtime_choice.runtime_for(kind, kind.INT8_MODEL)
+    return Entry(ModelSpec(
+        name=f"{kind.spec.name}_fused", backend="python", max_batch_size=s.max_batch_size, inputs=inputs,
+        outputs=outputs, instance_count=s.fused_instances or s.model_instances,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.fused_queue_delay_us),
+        parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx", "runtime": runtime,
+                    THREAD_PARAMETER[runtime]: str(s.model_threads),
+                    **runtime_choice.parameters_for(kind, kind.INT8_MODEL), **params},
+        header=_header(kind, f"`{kind.spec.name}` in one Python stub: {what}.")), shim)
 
 
 def image_repository(kind) -> list[Entry]:
@@ -135,15 +143,15 @@ def image_repository(kind) -> list[Entry]:
     outputs = [Tensor("logits", "FP32", [f.num_classes]),
                Tensor("probabilities", "FP32", [f.num_classes], label_filename="labels.txt")]
     about = f"{spec.description or spec.name}: {f.input_size} px -> {f.num_classes} classes"
+    preprocess = {"resize": str(f.resize), "mean": ",".join(map(str, f.mean)), "std": ",".join(map(str, f.std)),
+                  "max_pixels": str(MAX_PIXELS), "max_bytes": str(MAX_BYTES)}
     entries = [
         Entry(ModelSpec(
             name=kind.PREPROCESSOR, backend="python", max_batch_size=s.max_batch_size, inputs=image_in,
             outputs=[Tensor("PIXELS", "FP32", [3, f.input_size, f.input_size])],
             instance_count=s.preprocessor_instances,
             dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.preprocessor_queue_delay_us),
-            parameters={"resize": str(f.resize), "mean": ",".join(map(str, f.mean)),
-                        "std": ",".join(map(str, f.std)), "max_pixels": str(MAX_PIXELS),
-                        "max_bytes": str(MAX_BYTES)},
+            parameters=preprocess,
             header=_header(kind, f"Encoded image bytes -> shorter side {f.resize}, centre crop {f.input_size}, "
                                  "(x - mean) / std, FP32 NCHW; bad images fail alone.")), "image_preprocess"),
         _onnx_model(kind, kind.INT8_MODEL, pixels, outputs, s.model_instances, s.model_threads, _int8_params(kind),
@@ -157,6 +165,12 @@ def image_repository(kind) -> list[Entry]:
         entries.append(_ensemble(kind, ensemble, image_in, [Tensor("PROBABILITIES", "FP32", [f.num_classes]),
                                                              Tensor("LOGITS", "FP32", [f.num_classes])], steps,
                                  f"Image bytes in -> {about} ({model}); classification extension on PROBABILITIES."))
+    if s.fused:  # the ensemble's tensors; PROBABILITIES carries the labels itself (no composing model to)
+        entries.append(_fused(kind, image_in, [Tensor("PROBABILITIES", "FP32", [f.num_classes],
+                                                      label_filename="labels.txt"),
+                                               Tensor("LOGITS", "FP32", [f.num_classes])],
+                              {**preprocess, "crop": str(f.input_size)}, "decode + the INT8 classifier's ONNX",
+                              "fused_image"))
     return entries
 
 

@@ -60,6 +60,39 @@ class PreprocessConfig:
         return np.stack([(levels - m) / s for m, s in zip(self.mean, self.std)]).astype(np.float32)
 
 
+def config_from_parameters(config: dict, crop: int) -> PreprocessConfig:
+    """A Triton model config's preprocessing parameters (resize, mean, std, max_pixels, max_bytes), as generated
+    for the preprocessor and the fused classifier; `crop` is the model's input size."""
+    from tritonkit.serving.backend_utils import param
+
+    def floats(key: str, default: str) -> tuple[float, float, float]:
+        values = tuple(float(v) for v in param(config, key, default).split(","))
+        if len(values) != 3:
+            raise ValueError(f"parameters.{key}: expected three comma-separated values, got {values!r}")
+        return values
+
+    return PreprocessConfig(crop=crop, resize=int(param(config, "resize", "256")),
+                            mean=floats("mean", "127,127,127"), std=floats("std", "128,128,128"),
+                            max_pixels=int(param(config, "max_pixels", "40000000")),
+                            max_bytes=int(param(config, "max_bytes", str(32 * 1024 * 1024))), field="IMAGE")
+
+
+def per_request(counts: Sequence[int], errors: Sequence[ImageInputError | None]) -> list[slice | str]:
+    """Requests of `counts` images each, preprocessed as one batch with `errors`: each request's rows of the batch
+    (consecutive, so a slice), or the message of its first bad image, indexed within the request."""
+    out: list[slice | str] = []
+    start = 0
+    for n in counts:
+        bad = [(i, e) for i, e in enumerate(errors[start : start + n]) if e is not None]
+        if bad:
+            more = f" (+{len(bad) - 1} more bad images)" if len(bad) > 1 else ""
+            out.append(f"IMAGE[{bad[0][0]}]: {str(bad[0][1]).split(': ', 1)[-1]}{more}")
+        else:
+            out.append(slice(start, start + n))
+        start += n
+    return out
+
+
 def _open(data: bytes, cfg: PreprocessConfig, index: int) -> Image.Image:
     where = f"{cfg.field}[{index}]"
     if not isinstance(data, bytes | bytearray | memoryview):
