@@ -225,18 +225,19 @@ _GENERATED = ".generated-by-tritonkit"
 
 def serve_on(runtime: str) -> Edit:
     """Serve a model of our embedded backends (or a fused model's encoder) on `runtime`, same threads per
-    instance; OpenVINO's own parameters go when it leaves OpenVINO."""
+    instance (none named: the runtime's default); OpenVINO's own parameters go when it leaves OpenVINO."""
     from tritonkit.repository.native_check import OPENVINO_PARAMETERS
     from tritonkit.serving.runtimes import THREAD_PARAMETER
 
     def edit(cfg: mc.ModelConfig) -> None:
         threads = next((cfg.parameters[k].string_value for k in THREAD_PARAMETER.values() if k in cfg.parameters),
-                       "1")
+                       "")
         leaving = {*OPENVINO_PARAMETERS, "packed_static_rows"} if runtime != "openvino" else set()
         drop = set(THREAD_PARAMETER.values()) | leaving
         for key in [k for k in cfg.parameters if k in drop]:
             del cfg.parameters[key]
-        cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads
+        if threads:
+            cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads
         if cfg.backend == "python":
             cfg.parameters["runtime"].string_value = runtime
         else:
@@ -258,17 +259,9 @@ def f32_on_onnxruntime(cfg: mc.ModelConfig) -> bool:
     """An openvino config that must compute in f32 (no HINT_BF16) moves to native ONNX Runtime: the native openvino
     backend has no parameter that keeps OpenVINO from its bf16 default on BF16 CPUs (ParseParameterHelper knows
     only HINT_BF16=YES), while our embedded backend pins f32. True when it moved."""
-    from tritonkit.repository.native_check import OPENVINO_PARAMETERS
-    from tritonkit.serving.runtimes import THREAD_PARAMETER
-
     if cfg.backend != "openvino" or cfg.parameters.get("HINT_BF16", mc.ModelParameter()).string_value.upper() == "YES":
         return False
-    threads = cfg.parameters.get(THREAD_PARAMETER["openvino"])
-    for key in [k for k in cfg.parameters if k in OPENVINO_PARAMETERS]:
-        del cfg.parameters[key]
-    if threads is not None and threads.string_value:
-        cfg.parameters[THREAD_PARAMETER["onnxruntime"]].string_value = threads.string_value
-    cfg.backend = "onnxruntime"
+    serve_on("onnxruntime")(cfg)
     cfg.ClearField("default_model_filename")
     return True
 
