@@ -165,7 +165,7 @@ def image_repository(kind) -> list[Entry]:
         entries.append(_ensemble(kind, ensemble, image_in, [Tensor("PROBABILITIES", "FP32", [f.num_classes]),
                                                              Tensor("LOGITS", "FP32", [f.num_classes])], steps,
                                  f"Image bytes in -> {about} ({model}); classification extension on PROBABILITIES."))
-    if s.fused:  # the ensemble's tensors; PROBABILITIES carries the labels itself (no composing model to)
+    if s.fused:  # the ensemble's tensors; its PROBABILITIES names the labels file that the classifier's names there
         entries.append(_fused(kind, image_in, [Tensor("PROBABILITIES", "FP32", [f.num_classes],
                                                       label_filename="labels.txt"),
                                                Tensor("LOGITS", "FP32", [f.num_classes])],
