@@ -56,25 +56,26 @@ class TritonPythonModel:
         images, counts = read_images(requests)
         pixels, errors = imaging.preprocess(images, self.cfg)
         spans = imaging.per_request(counts, errors)
+        served = [s for s in spans if isinstance(s, slice)]
         responses = [error_response(pb_utils, f"{self.name}: {s}") if isinstance(s, str) else None for s in spans]
-        good = [i for i, e in enumerate(errors) if e is None]
-        if not good:
+        if not served:
             return responses
-        try:  # bad images' rows are zeros: run only the good ones unless every image is good
-            batch = pixels if len(good) == len(pixels) else pixels[good]
+        try:  # only the rows of requests that are answered; all of them in the usual case, without a copy
+            batch = pixels if len(served) == len(spans) else np.concatenate([pixels[s] for s in served])
             results = self._classify(batch)
         except Exception as err:  # every request of the group gets the reason; the model stays up
             return [r or error_response(pb_utils, f"{self.name}: inference failed: {err}", client=False)
                     for r in responses]
         self._counters.add("session_runs", 1)
         self._counters.add("input_elements", batch.size)
-        self._counters.add("batched_requests", sum(r is None for r in responses))
-        row = np.cumsum([0] + [0 if e is not None else 1 for e in errors])  # image index -> row of `results`
+        self._counters.add("batched_requests", len(served))
+        start = 0
         for r, span in enumerate(spans):
             if responses[r] is None:
-                rows = slice(int(row[span.start]), int(row[span.stop]))
+                rows = slice(start, start + span.stop - span.start)
                 responses[r] = pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor(name, out[rows]) for name, out in zip(OUTPUTS, results, strict=True)])
+                start = rows.stop
         return responses
 
     def finalize(self) -> None:

@@ -66,9 +66,10 @@ def config_from_parameters(config: dict, crop: int) -> PreprocessConfig:
     from tritonkit.serving.backend_utils import param
 
     def floats(key: str, default: str) -> tuple[float, float, float]:
-        values = tuple(float(v) for v in param(config, key, default).split(","))
+        text = param(config, key, default)
+        values = tuple(float(v) for v in text.split(","))
         if len(values) != 3:
-            raise ValueError(f"parameters.{key}: expected three comma-separated values, got {values!r}")
+            raise ValueError(f"parameters.{key}: expected three comma-separated values, got {text!r}")
         return values
 
     return PreprocessConfig(crop=crop, resize=int(param(config, "resize", "256")),
