@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from tritonkit import data, envinfo, kinds, paths
+from tritonkit import data, envinfo, kinds
 from tritonkit.repository import runtime_choice
 from tritonkit.serving.backend_utils import usable_cpus
 
@@ -35,9 +35,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     kind = kinds.get(args.model)
-    variant = runtime_choice.variant_for(kind, kind.INT8_MODEL)
-    path = runtime_choice.served_file(paths.model_file(kind.INT8_MODEL))
-    precision = "bf16" if dict(runtime_choice.VARIANTS[variant][1]).get("HINT_BF16") == "YES" else "f32"
+    _, path, precision = runtime_choice.served_int8(kind)
     cores = usable_cpus()
     core = ov.Core()
     model = core.read_model(str(path))

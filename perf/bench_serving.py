@@ -27,6 +27,7 @@ Text variants (the encoder's config):
                dynamic model; static_12: static shapes for runs of one and two rows
   rows_128, rows_256, fused_rows_128, fused_rows_256  packed rows of 128 / 256 tokens (packed_row_tokens)
   onnxruntime, openvino, fused_onnxruntime, fused_openvino  the encoder (ensemble or fused) on that runtime
+  tokenizer_delay_0, tokenizer_delay_2000  the tokenizer's batching wait at 0 / 2000 us (generated: the spec's)
 Image variants (the classifier's config, and the preprocessor's where named):
   generated    as generated
   instances_2x1, instances_1x2  the classifier as two instances of one thread / one instance of two threads
@@ -108,7 +109,9 @@ VARIANTS = {"texts": {"generated": None, "buckets": _edit_buckets, "delay_500": 
                       "fused_openvino": rv.serve_on("openvino"), "no_static": _edit_static(""),
                       "static_12": _edit_static("1,2"), "fused_no_static": _edit_static(""),
                       "rows_128": _edit_row_tokens(128), "rows_256": _edit_row_tokens(256),
-                      "fused_rows_128": _edit_row_tokens(128), "fused_rows_256": _edit_row_tokens(256)},
+                      "fused_rows_128": _edit_row_tokens(128), "fused_rows_256": _edit_row_tokens(256),
+                      "tokenizer_delay_0": {"preprocessor": _edit_delay(0)},
+                      "tokenizer_delay_2000": {"preprocessor": _edit_delay(2000)}},
             "images": {"generated": None, "instances_2x1": _edit_instances(2, 1),
                        "instances_1x2": _edit_instances(1, 2),
                        "stubs_2_instances_1x2": {"preprocessor": _edit_preprocessors(2),
