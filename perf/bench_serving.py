@@ -126,6 +126,12 @@ def models(kind, fused: bool = False) -> list[str]:
                                                                         kind.INT8_MODEL]
 
 
+def loaded(kind, fused: bool = False) -> list[str]:
+    """The models the server loads: the fused model alone (its INT8 model's directory only lends it files, and
+    loaded it would add idle stubs to the server's PSS), or the ensemble and its steps."""
+    return models(kind, fused)[:1] if fused else models(kind, fused)
+
+
 def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
     """The ensemble's models (or the fused model), their files linked, the encoder's (or the fused model's) config
     edited by `edit`, or each role's config by its edit where `edit` is {"preprocessor" | "model": edit}."""
@@ -214,7 +220,7 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
 def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, \
             TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused),
-                                       models=models(kind, fused)) as server:
+                                       models=loaded(kind, fused)) as server:
         drive = _driver(unit, server, items, models(kind, fused)[0])
         drive(2.0)  # warm-up
         compute_model = models(kind, fused)[0] if fused else kind.INT8_MODEL
