@@ -98,9 +98,8 @@ def width_multiple(kind, model: str) -> int:
 
 def served_int8(kind) -> tuple[str, Path, str]:
     """(variant, file, OpenVINO precision "bf16" or "f32") the INT8 model is served with here."""
-    variant = variant_for(kind, kind.INT8_MODEL)
-    bf16 = dict(VARIANTS[variant][1]).get("HINT_BF16") == "YES"
-    return variant, served_file(paths.model_file(kind.INT8_MODEL)), "bf16" if bf16 else "f32"
+    bf16 = parameters_for(kind, kind.INT8_MODEL).get("HINT_BF16") == "YES"
+    return variant_for(kind, kind.INT8_MODEL), served_file(paths.model_file(kind.INT8_MODEL)), "bf16" if bf16 else "f32"
 
 
 def served_file(path: Path) -> Path:
