@@ -47,8 +47,8 @@ serve-docker: ## serve the generated NGC view (build/ngc_repository) in the NGC 
 perf: ## perf lab: sweeps + baselines → perf/results/<stamp>/ (CSV, JSON, MD, PNG); MODEL=name (default both first), QUICK=1
 	@$(PY) perf/lab.py $(if $(QUICK),--quick) $(if $(MODEL),--pipelines $(MODEL))
 
-perf-peers: ## perf lab with peer servers (Infinity) + sentence-transformers ONNX qint8 / OpenVINO FP32 / OpenVINO INT8 (NNCF), venvs under build/peers/; MODEL=name (default text), QUICK=1
-	@$(PY) perf/lab.py --peers $(if $(QUICK),--quick) --pipelines $(or $(MODEL),text)
+perf-peers: ## perf lab with peers in their best form for this CPU (Infinity, sentence-transformers qint8 / OpenVINO FP32 / NNCF INT8), venvs installed from perf/peers/*.lock; fails if one cannot be had; MODEL=name (default text), QUICK=1, SKIP='infinity ...'
+	@$(PY) perf/lab.py --peers $(if $(QUICK),--quick) --pipelines $(or $(MODEL),text) $(if $(SKIP),--skip-peer '$(SKIP)')
 
 tune: ## config search under a p99 budget: MODEL=text_embedding P99_MS=50 [PROFILE=tuned MINUTES=15]
 	@test -n "$(MODEL)" -a -n "$(P99_MS)" || { echo "usage: make tune MODEL=<ensemble> P99_MS=<ms> [PROFILE=name]" >&2; exit 2; }

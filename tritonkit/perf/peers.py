@@ -2,8 +2,9 @@
 
 - Peer *servers* (Infinity, on sentence-transformers' own ONNX qint8 export of the same model),
   sentence-transformers' ONNX backend and its OpenVINO backend (FP32, and static INT8 by NNCF on calibration texts
-  the caller passes) each live in their own virtualenv under build/peers/, installed on demand with uv, so their
-  dependencies never touch the project's venv.
+  the caller passes) each live in their own virtualenv under build/peers/, installed on demand with uv from a
+  committed lock (perf/peers/<name>.lock: every package pinned with hashes, torch the project's own CPU pin), so
+  their dependencies never touch the project's venv and every machine measures the same releases.
 - One native HTTP load generator for every server (`http_point`, driving wrk): closed loop, N keep-alive
   connections, one text per request, the same real texts; our server is called on Triton's HTTP/REST
   (KServe v2) infer endpoint of the ensemble, Infinity on its OpenAI-style /embeddings.
@@ -12,12 +13,13 @@
 
 Only the standard library is imported at module level: the st-run entry point runs under the peer venv's Python.
 
-    python -m tritonkit.perf.peers install infinity      # create build/peers/infinity (needs the package index)
+    python -m tritonkit.perf.peers install infinity      # create build/peers/infinity from perf/peers/infinity.lock
     python -m tritonkit.perf.peers install st-openvino   # sentence-transformers on OpenVINO, NNCF
     python -m tritonkit.perf.peers status                # what is installed
+    python -m tritonkit.perf.peers lock [names]          # re-resolve the locks (`make lock` runs it)
 
-The peer venvs need a torch; TRITONKIT_PEERS_TORCH names it (a CPU wheel file or a requirement). Unset, the
-CPU build comes from PyTorch's own index so the multi-GB CUDA wheels are never pulled.
+The locks' torch is the project's CPU build (requirements.lock), found where pip finds it (pip's find-links, as
+`make setup` does), so no peer pulls the multi-GB CUDA wheels or needs an index beyond the project's own.
 """
 
 from __future__ import annotations
@@ -41,21 +43,32 @@ from tritonkit import paths
 from tritonkit.errors import TritonkitError
 from tritonkit.perf.analyzer import PerfPoint, time_in_process
 
-PEERS_DIR = paths.BUILD_OUTPUTS / "peers"
-TORCH_VAR = "TRITONKIT_PEERS_TORCH"
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# Peer venvs, exports and logs; TRITONKIT_PEERS_DIR moves them (a disk with room: the venvs hold ~3 GB).
+PEERS_DIR = Path(os.environ.get("TRITONKIT_PEERS_DIR") or paths.BUILD_OUTPUTS / "peers")
+LOCKS_DIR = paths.ROOT / "perf" / "peers"  # committed locks, one per peer venv
 INFINITY_VERSION = "0.0.78"
-ST_QUANT_CONFIG = "avx512_vnni"
-ST_QINT8_FILE = f"onnx/model_qint8_{ST_QUANT_CONFIG}.onnx"
+# sentence-transformers' x86 dynamic-qint8 exports (export_dynamic_quantized_onnx_model): every one runs on every
+# x86 CPU, but their weights differ (u8 or s8, reduced range), so accuracy and speed differ per CPU class
+# (without VNNI, s8 weights saturate in int16); the lab measures each and serves the best (choose_qint8).
+# Values: the weights' type, which names the exported file (optimum's AutoQuantizationConfig: u8 for avx2).
+QINT8_CONFIGS = {"avx2": "quint8", "avx512": "qint8", "avx512_vnni": "qint8"}
+QINT8_EVAL_TEXTS = 512  # held-out validation texts each export is judged on against sentence-transformers FP32
 ST_OV_FP32_FILE = "openvino/openvino_model.xml"  # where sentence-transformers saves its OpenVINO export
 ST_OV_INT8_FILE = "openvino/openvino_model_int8_nncf.xml"  # beside it; "openvino*.xml" so ST's loader finds it
 ST_OV_INT8_META = "openvino/openvino_model_int8_nncf.json"  # calibration and timing of the quantization
 CALIBRATION_TEXTS = 300  # nncf.quantize's subset_size: NNCF's default, and what the lab passes
 STARTUP_S = 240.0
 ST_VERSION = "6.2.0"
+ST_ONNX_VERSION = "5.7.0"
 OPTIMUM_INTEL_VERSION = "2.2.0"
 OPENVINO_VERSION = "2026.4.1"
 NNCF_VERSION = "3.4.0"
+
+
+# optimum 2 (optimum-onnx) rejects the file path Infinity passes, 1.27 imports torch.onnx internals torch 2.13 no
+# longer has; 1.24 (Infinity's minimum) imports, with transformers<4.49.
+INFINITY_REQUIREMENTS = (f"infinity-emb[server,optimum]=={INFINITY_VERSION}", "optimum[onnxruntime]==1.24.0",
+                         "transformers<4.49")
 
 
 class PeerUnavailable(TritonkitError, RuntimeError):
@@ -65,13 +78,17 @@ class PeerUnavailable(TritonkitError, RuntimeError):
 @dataclass(frozen=True)
 class PeerEnv:
     name: str
-    requirements: tuple[str, ...]
+    requirements: tuple[str, ...]  # top-level pins; `python -m tritonkit.perf.peers lock` resolves them into `lock`
     module: str  # imported to prove the venv works
-    excludes: tuple[str, ...] = ()  # dependencies left out of the resolution (uv pip install --excludes)
+    excludes: tuple[str, ...] = ()  # dependencies left out of the resolution (uv pip compile --excludes)
 
     @property
     def dir(self) -> Path:
         return PEERS_DIR / self.name
+
+    @property
+    def lock(self) -> Path:
+        return LOCKS_DIR / f"{self.name}.lock"
 
     @property
     def python(self) -> Path:
@@ -83,11 +100,13 @@ class PeerEnv:
 
 
 ENVS = {
-    # optimum 2 (optimum-onnx) rejects the file path Infinity passes, 1.27 imports torch.onnx internals torch
-    # 2.13 no longer has; 1.24 (Infinity's minimum) imports, with transformers<4.49.
-    "infinity": PeerEnv("infinity", (f"infinity-emb[server,optimum]=={INFINITY_VERSION}",
-                                     "optimum[onnxruntime]==1.24.0", "transformers<4.49"), "infinity_emb"),
-    "sentence-transformers": PeerEnv("sentence-transformers", ("sentence-transformers[onnx]",),
+    "infinity": PeerEnv("infinity", INFINITY_REQUIREMENTS, "infinity_emb"),
+    # Infinity's OpenVINO form: the same server on ONNX Runtime's OpenVINO execution provider, which its optimum
+    # engine picks on a CPU whenever it is installed (onnxruntime-openvino ships the `onnxruntime` module itself).
+    "infinity-openvino": PeerEnv("infinity-openvino", (*INFINITY_REQUIREMENTS, "onnxruntime-openvino"),
+                                 "infinity_emb", excludes=("onnxruntime",)),
+    # 5.7 is the newest release whose [onnx] extra resolves (6.x needs transformers 5, optimum-onnx caps it at 4.58).
+    "sentence-transformers": PeerEnv("sentence-transformers", (f"sentence-transformers[onnx]=={ST_ONNX_VERSION}",),
                                      "sentence_transformers"),
     # Pinned to the releases the numbers were measured with (optimum-intel 2.2 caps transformers below 5.6).
     # torchvision is left out: optimum-intel requires it only for vision-language models, and PyPI's build links
@@ -99,8 +118,63 @@ ENVS = {
 }
 
 
+# The peers `make perf-peers` measures (the names --skip-peer takes) and the venvs each needs.
+PEERS = {"infinity": ("infinity", "sentence-transformers"),  # serves sentence-transformers' qint8 export
+         "st-qint8": ("sentence-transformers",),
+         "st-openvino-fp32": ("st-openvino",),
+         "st-openvino-int8": ("st-openvino",)}
+
+
+def prepare(names: Sequence[str], install: bool = True, progress: Callable[[str], None] = print) -> dict[str, str]:
+    """Installs the venvs the peers `names` need (before any measuring, so a run that cannot have them stops at
+    once); {peer: why it cannot be had} for those that fail."""
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer {', '.join(unknown)} (known: {', '.join(PEERS)})")
+    failed, broken = {}, {}
+    for name in names:
+        for env in PEERS[name]:
+            if env not in broken:
+                try:
+                    ensure(env, install, progress)
+                    broken[env] = ""
+                except PeerUnavailable as e:
+                    broken[env] = str(e)
+            if broken[env]:
+                failed[name] = broken[env]
+                break
+    return failed
+
+
+def project_torch() -> str:
+    """The torch pin of the project's own lock (requirements.lock): every peer venv gets the same CPU build."""
+    lock = paths.ROOT / "requirements.lock"
+    for line in lock.read_text().splitlines():
+        if line.startswith("torch=="):
+            return line.split()[0]
+    raise PeerUnavailable(f"no torch pin in {paths.rel(lock)}")
+
+
+def pip_find_links() -> list[str]:
+    """pip's configured find-links (where the CPU torch wheel of the project's lock comes from); uv reads no pip
+    configuration, so they are handed to it, as scripts/lock.sh does for the project's own lock."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    links: list[str] = []
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            links += [v for v in value.strip("'\"").split() if v not in links]
+    return links
+
+
+def _links_args() -> list[str]:
+    return [arg for link in pip_find_links() for arg in ("--find-links", link)]
+
+
 def _stamp(env: PeerEnv) -> str:
-    return "\n".join(env.requirements + tuple(f"exclude {e}" for e in env.excludes))
+    import hashlib
+
+    return hashlib.sha256(env.lock.read_bytes()).hexdigest() if env.lock.exists() else "no lock"
 
 
 def installed(env: PeerEnv) -> bool:
@@ -117,34 +191,46 @@ def _uv() -> list[str]:
     raise PeerUnavailable("uv is not installed (pip install uv); it creates the peer virtualenvs")
 
 
-def _torch_args() -> list[str]:
-    torch = os.environ.get(TORCH_VAR)
-    if torch:
-        return [torch]
-    return ["torch", "--extra-index-url", TORCH_CPU_INDEX, "--index-strategy", "unsafe-best-match"]
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
+        raise PeerUnavailable(f"{what} failed:\n{tail}")
+
+
+def write_lock(name: str, progress: Callable[[str], None] = print) -> Path:
+    """Resolve peer `name`'s requirements (plus the project's torch pin) into its committed lock, hashes included,
+    for the platform scripts/setup.sh supports."""
+    env = ENVS[name]
+    env.lock.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
+        requirements, excludes = Path(tmp) / f"{name}.in", Path(tmp) / "excludes.txt"
+        requirements.write_text("".join(f"{r}\n" for r in (*env.requirements, project_torch())))
+        excludes.write_text("".join(f"{e}\n" for e in env.excludes))
+        _run([*_uv(), "pip", "compile", str(requirements), "--output-file", str(env.lock), "--generate-hashes",
+              "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36", "--quiet",
+              "--custom-compile-command", f"python -m tritonkit.perf.peers lock {name}", *_links_args(),
+              *(["--excludes", str(excludes)] if env.excludes else [])], f"{name}: locking")
+    progress(f"[peers] wrote {paths.rel(env.lock)}")
+    return env.lock
 
 
 def ensure(name: str, install: bool = True, progress: Callable[[str], None] = print) -> Path:
-    """The Python of peer venv `name`, installing it if missing and `install`; PeerUnavailable says why not."""
+    """The Python of peer venv `name`, installed from its committed lock if missing (or the lock changed) and
+    `install`; PeerUnavailable says why not."""
     env = ENVS[name]
     if installed(env):
         return env.python
     if not install:
         raise PeerUnavailable(f"{name}: not installed in {paths.rel(env.dir)} (python -m tritonkit.perf.peers install "
                               f"{name}, or make perf-peers)")
+    if not env.lock.exists():
+        raise PeerUnavailable(f"{name}: no lock at {paths.rel(env.lock)} (python -m tritonkit.perf.peers lock {name})")
     uv = _uv()
-    progress(f"[peers] installing {name} into {paths.rel(env.dir)} ({' '.join(env.requirements)}) ...")
-    env.dir.parent.mkdir(parents=True, exist_ok=True)
-    excludes = env.dir.parent / f"{name}.excludes.txt"
-    excludes.write_text("".join(f"{e}\n" for e in env.excludes))
-    steps = [[*uv, "venv", "--clear", str(env.dir), "--python", sys.executable],
-             [*uv, "pip", "install", "--python", str(env.python), *env.requirements, *_torch_args(),
-              *(["--excludes", str(excludes)] if env.excludes else [])]]
-    for cmd in steps:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
-            raise PeerUnavailable(f"{name}: install failed (offline, or no wheel for this Python?):\n{tail}")
+    progress(f"[peers] installing {name} into {paths.rel(env.dir)} from {paths.rel(env.lock)} ...")
+    _run([*uv, "venv", "--clear", str(env.dir), "--python", sys.executable], f"{name}: creating its venv")
+    _run([*uv, "pip", "sync", "--python", str(env.python), "--require-hashes", str(env.lock), *_links_args()],
+         f"{name}: installing {paths.rel(env.lock)} (offline, or a pinned file this index lacks?)")
     check = subprocess.run([str(env.python), "-c", f"import {env.module}"], capture_output=True, text=True)
     if check.returncode != 0:
         raise PeerUnavailable(f"{name}: installed but `import {env.module}` fails: "
@@ -169,17 +255,23 @@ def st_export_dir(model_dir: Path) -> Path:
     return PEERS_DIR / "st-onnx" / Path(model_dir).parent.name
 
 
-def st_export(model_dir: Path, out: Path) -> Path:
-    """sentence-transformers' ONNX export of `model_dir` and its dynamic qint8 quantization for AVX-512 VNNI,
-    cached in `out` (the model's files + onnx/model.onnx + onnx/model_qint8_avx512_vnni.onnx)."""
+def qint8_file(config: str) -> str:
+    """Where sentence-transformers saves its qint8 export for `config` (QINT8_CONFIGS), inside the model folder."""
+    return f"onnx/model_{QINT8_CONFIGS[config]}_{config}.onnx"
+
+
+def st_export(model_dir: Path, out: Path, config: str) -> Path:
+    """sentence-transformers' ONNX export of `model_dir` and its dynamic qint8 quantization for `config`, cached in
+    `out` (the model's files + onnx/model.onnx + the file qint8_file names)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.backend import export_dynamic_quantized_onnx_model
 
-    if not (out / ST_QINT8_FILE).exists():
+    if not (out / qint8_file(config)).exists():
         model = SentenceTransformer(str(model_dir), backend="onnx", device="cpu")
-        model.save(str(out))
-        export_dynamic_quantized_onnx_model(model, ST_QUANT_CONFIG, str(out))
-    return out / ST_QINT8_FILE
+        if not (out / "onnx" / "model.onnx").exists():
+            model.save(str(out))
+        export_dynamic_quantized_onnx_model(model, config, str(out))
+    return out / qint8_file(config)
 
 
 def st_openvino_dir(model_dir: Path) -> Path:
@@ -259,10 +351,10 @@ def _st_model(args: argparse.Namespace, threads: int):
     st = f"sentence-transformers {version('sentence-transformers')}"
     out = Path(args.cache)
     if args.variant == "qint8":
-        st_export(Path(args.model_dir), out)
+        st_export(Path(args.model_dir), out, args.quant_config)
         model = SentenceTransformer(str(out), backend="onnx", device="cpu",
-                                    model_kwargs={"file_name": ST_QINT8_FILE})
-        return model, f"{st} ONNX Runtime {version('onnxruntime')} qint8 ({ST_QUANT_CONFIG})"
+                                    model_kwargs={"file_name": qint8_file(args.quant_config)})
+        return model, f"{st} ONNX Runtime {version('onnxruntime')} qint8 ({args.quant_config} export)"
     if args.variant == "fp32":
         return SentenceTransformer(str(args.model_dir), device="cpu"), f"{st} torch {version('torch')} FP32"
     ov = f"{st} OpenVINO {version('openvino')}"
@@ -346,26 +438,91 @@ def _st_subprocess(variant: str, texts: Sequence[str], model_dir: Path, max_leng
 
 def st_points(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, batches: Sequence[int],
               seconds: float, install: bool = True, calibration: Sequence[str] = (),
-              cache: Path | None = None) -> list[PerfPoint]:
+              cache: Path | None = None, quant_config: str = "avx2") -> list[PerfPoint]:
     """sentence-transformers `variant` (ST_VARIANTS: "qint8" its ONNX qint8 export, "fp32" torch, "openvino-fp32"
     its OpenVINO export, "openvino-int8" that export statically quantized by NNCF on `calibration`) at each batch
     size, in its own venv; one PerfPoint per batch size. Exports are cached in `cache` (default under
     build/peers/)."""
     out = _st_subprocess(variant, texts, model_dir, max_length,
-                         ["--seconds", str(seconds), "--batches", *map(str, batches)], calibration, cache, install)
+                         ["--seconds", str(seconds), "--batches", *map(str, batches), "--quant-config", quant_config],
+                         calibration, cache, install)
     return [PerfPoint(**json.loads(line)) for line in out.splitlines() if line.startswith("{")]
 
 
 def st_embeddings(texts: Sequence[str], model_dir: Path, max_length: int, variant: str, install: bool = True,
-                  calibration: Sequence[str] = (), cache: Path | None = None) -> tuple[str, list[list[float]]]:
+                  calibration: Sequence[str] = (), cache: Path | None = None,
+                  quant_config: str = "avx2") -> tuple[str, list[list[float]]]:
     """The L2-normalised embeddings sentence-transformers `variant` gives `texts` in its venv, and its label."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
         embed = Path(tmp) / "embeddings.json"
-        _st_subprocess(variant, texts, model_dir, max_length, ["--embed", str(embed)], calibration, cache, install)
+        _st_subprocess(variant, texts, model_dir, max_length, ["--embed", str(embed), "--quant-config", quant_config],
+                       calibration, cache, install)
         got = json.loads(embed.read_text())
     return got["label"], got["embeddings"]
+
+
+def _median(values: Sequence[float]) -> float:
+    import statistics
+
+    return statistics.median(values)
+
+
+def choose_qint8(kind, seconds: float = 3.0, rounds: int = 2, install: bool = True,
+                 progress: Callable[[str], None] = print) -> dict:
+    """sentence-transformers' qint8 export in its best form for this CPU. Every QINT8_CONFIGS export is judged on
+    QINT8_EVAL_TEXTS held-out texts against sentence-transformers FP32 with the kind's gate metrics; an export
+    holds when each metric is within the kind's floor slack of the most accurate export's (the peer is judged
+    against its own best, as our INT8 is against its floor: a saturating export falls out). The fastest export
+    that holds (batch 32, median of `rounds` interleaved runs) is chosen.
+    Cached per CPU class under build/peers/ while the texts, the settings and the peer's lock are the same."""
+    import datetime
+    import hashlib
+
+    import numpy as np
+
+    from tritonkit import data, envinfo
+
+    evaluation, timed = data.eval_texts("validation")[:QINT8_EVAL_TEXTS], data.split("benchmark")
+    cpu = envinfo.int8_class()
+    cache = st_export_dir(kind.model_dir()) / f"qint8-choice.{cpu}.json"
+    key = hashlib.sha256(json.dumps([_stamp(ENVS["sentence-transformers"]), evaluation, timed, QINT8_CONFIGS,
+                                     seconds, rounds, envinfo.cpu_flags()]).encode()).hexdigest()
+    if cache.exists() and json.loads(cache.read_text()).get("key") == key:
+        return json.loads(cache.read_text())
+    progress(f"[peers] sentence-transformers qint8 exports {', '.join(QINT8_CONFIGS)}: accuracy on "
+             f"{len(evaluation)} validation texts against its FP32 ...")
+    ref = kind.sentence_transformer().encode(evaluation, batch_size=32, normalize_embeddings=True)
+    forms: dict[str, dict] = {}
+    for config in QINT8_CONFIGS:
+        label, got = st_embeddings(evaluation, kind.model_dir(), kind.MAX_LENGTH, "qint8", install,
+                                   quant_config=config)
+        forms[config] = {"label": label, "accuracy": kind.gate_metrics(ref, np.asarray(got, np.float32))}
+    best = {m: max(f["accuracy"][m] for f in forms.values()) for m in kind.FLOOR_SLACK}
+    for f in forms.values():
+        short = [f"{m} {f['accuracy'][m]:.4f} < {best[m] - slack:.4f} (best export {best[m]:.4f} - {slack})"
+                 for m, slack in kind.FLOOR_SLACK.items() if f["accuracy"][m] < best[m] - slack]
+        f["why_not"] = short
+        f["holds"] = not f["why_not"]
+    timed_forms = [c for c, f in forms.items() if f["holds"]]
+    speeds: dict[str, list[float]] = {c: [] for c in timed_forms}
+    for r in range(rounds):
+        for config in timed_forms:
+            progress(f"[peers] qint8 {config} export, batch 32, round {r + 1}/{rounds} ...")
+            (point,) = st_points(timed, kind.model_dir(), kind.MAX_LENGTH, "qint8", [32], seconds, install,
+                                 quant_config=config)
+            speeds[config].append(point.throughput)
+    for config, runs in speeds.items():
+        forms[config]["texts_per_s"] = round(_median(runs), 1)
+        forms[config]["runs"] = [round(v, 1) for v in runs]
+    chosen = max(timed_forms, key=lambda c: forms[c]["texts_per_s"])
+    held = timed_forms
+    reason = f"the fastest of the exports whose accuracy holds ({', '.join(held)})"
+    out = {"key": key, "cpu_class": cpu, "cpu": envinfo.cpu_model(), "date": datetime.date.today().isoformat(),
+           "chosen": chosen, "reason": reason, "eval_texts": len(evaluation), "forms": forms}
+    cache.write_text(json.dumps(out, indent=2))
+    return out
 
 
 # -- peer servers ------------------------------------------------------------------------------------------
@@ -403,33 +560,39 @@ class PeerServer:
     embedding: Callable[[dict], list[float]]  # the one embedding out of a response
 
 
-def infinity_model_dir(model_dir: Path) -> Path:
-    """The model directory Infinity serves: the sentence-transformers files and only the qint8 ONNX file (its
-    optimum engine picks the single .onnx it finds)."""
+def infinity_model_dir(model_dir: Path, config: str) -> Path:
+    """The model directory Infinity serves: the sentence-transformers files and only the qint8 ONNX file of
+    `config` (its optimum engine picks the single .onnx it finds)."""
     src = st_export_dir(model_dir)
-    out = PEERS_DIR / "infinity-model" / src.name
-    if (out / ST_QINT8_FILE).exists():
+    out = PEERS_DIR / "infinity-model" / f"{src.name}-{config}"
+    if (out / qint8_file(config)).exists():
         return out
     for f in src.rglob("*"):
-        if f.is_file() and not (f.suffix == ".onnx" and f.name != Path(ST_QINT8_FILE).name):
+        if f.is_file() and not (f.suffix == ".onnx" and f.name != Path(qint8_file(config)).name):
             dst = out / f.relative_to(src)
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, dst)
     return out
 
 
+INFINITY_FORMS = {"onnxruntime": "infinity", "openvino": "infinity-openvino"}  # form -> its peer venv
+
+
 @contextlib.contextmanager
 def infinity(model_dir: Path, name: str, pooling: str = "mean", batch_size: int = 32, install: bool = True,
-             log_dir: Path | None = None) -> Iterator[PeerServer]:
-    """Infinity's server (optimum/ONNX Runtime engine, CPU) on sentence-transformers' qint8 export of
-    `model_dir`, on a free loopback port; stopped on exit. `pooling` is the model's own (its optimum engine
-    otherwise falls back to CLS pooling, whose embeddings disagree with the model's)."""
-    python = ensure("infinity", install)
-    if not (st_export_dir(model_dir) / ST_QINT8_FILE).exists():
-        raise PeerUnavailable("the sentence-transformers qint8 export is missing (st_points(..., 'qint8') makes it)")
-    served = infinity_model_dir(model_dir)
+             log_dir: Path | None = None, config: str = "avx2",
+             form: str = "onnxruntime") -> Iterator[PeerServer]:
+    """Infinity's server (optimum engine, CPU) on sentence-transformers' qint8 export `config` of `model_dir`, on a
+    free loopback port, in `form` (INFINITY_FORMS: ONNX Runtime's CPU provider, or its OpenVINO provider); stopped
+    on exit. `pooling` is the model's own (its optimum engine otherwise falls back to CLS pooling, whose
+    embeddings disagree with the model's)."""
+    python = ensure(INFINITY_FORMS[form], install)
+    if not (st_export_dir(model_dir) / qint8_file(config)).exists():
+        raise PeerUnavailable(f"the sentence-transformers qint8 export {config} is missing "
+                              "(st_points(..., 'qint8') makes it)")
+    served = infinity_model_dir(model_dir, config)
     port = _free_port()
-    log = (log_dir or PEERS_DIR) / "infinity.log"
+    log = (log_dir or PEERS_DIR) / f"infinity-{form}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(python.parent / "infinity_emb"), "v2", "--model-id", str(served), "--served-model-name", name,
            "--engine", "optimum", "--device", "cpu", "--pooling-method", pooling, "--batch-size", str(batch_size),
@@ -439,7 +602,9 @@ def infinity(model_dir: Path, name: str, pooling: str = "mean", batch_size: int 
                                 start_new_session=True)
     try:
         wait_ready(f"http://127.0.0.1:{port}/health", proc, log, STARTUP_S)
-        yield PeerServer(f"Infinity {INFINITY_VERSION} (ONNX qint8, HTTP /embeddings)", "127.0.0.1", port,
+        provider = "OpenVINO EP" if form == "openvino" else "CPU EP"
+        yield PeerServer(f"Infinity {INFINITY_VERSION} (ONNX Runtime {provider}, qint8 {config} export, "
+                         "HTTP /embeddings)", "127.0.0.1", port,
                          "/embeddings", lambda t: json.dumps({"model": name, "input": [t]}).encode(),
                          lambda r: r["data"][0]["embedding"])
     finally:
@@ -546,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
     inst = sub.add_parser("install", help="create a peer virtualenv under build/peers/")
     inst.add_argument("names", nargs="+", choices=list(ENVS))
     sub.add_parser("status", help="which peer virtualenvs are installed")
+    lock = sub.add_parser("lock", help="re-resolve the peers' locks under perf/peers/ (commit them)")
+    lock.add_argument("names", nargs="*", metavar="name", help=f"default: every peer ({', '.join(ENVS)})")
     run = sub.add_parser("st-run", help="(inside a sentence-transformers peer venv) time sentence-transformers")
     run.add_argument("--variant", choices=list(ST_VARIANTS), required=True)
     run.add_argument("--model-dir", required=True)
@@ -555,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seconds", type=float, default=4.0)
     run.add_argument("--batches", type=int, nargs="+", default=[32])
     run.add_argument("--calibration", help="JSON list of calibration texts (openvino-int8)")
+    run.add_argument("--quant-config", choices=list(QINT8_CONFIGS), default="avx2", help="qint8: which export")
     run.add_argument("--embed", help="write the texts' normalised embeddings as JSON here instead of timing")
     args = parser.parse_args(argv)
     if args.cmd == "st-run":
@@ -562,6 +730,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "status":
         for env in ENVS.values():
             print(f"{env.name}: {'installed' if installed(env) else 'missing'} ({paths.rel(env.dir)})")
+        return 0
+    if args.cmd == "lock":
+        unknown = set(args.names) - set(ENVS)
+        if unknown:
+            parser.error(f"unknown peer {', '.join(sorted(unknown))} (known: {', '.join(ENVS)})")
+        for name in args.names or ENVS:
+            write_lock(name)
         return 0
     failed = 0
     for name in args.names:
