@@ -48,6 +48,12 @@ def int8_class(features: list[str] | None = None) -> str:
     return "avx512" if "avx512bw" in flags else "avx2" if "avx2" in flags else "generic"
 
 
+def int8_sums_exact(features: list[str] | None = None) -> bool:
+    """Whether onnxruntime's u8s8 kernels sum int8 products exactly on this CPU (VNNI); elsewhere a served session
+    asks for the exact path (tritonkit.serving.backend_utils.EXACT_INT8_ENTRY)."""
+    return int8_class(features) == "vnni"
+
+
 @cache
 def has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (no runtime offers bf16 without it)."""

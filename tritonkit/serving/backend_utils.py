@@ -80,13 +80,22 @@ def usable_cpus() -> int:
     return max(1, cpus)
 
 
+# onnxruntime's kOrtSessionOptionsAvx2PrecisionMode: int8 weights outside ±64 become uint8 so its x86 kernels sum
+# products in int32 (u8u8), not in saturating int16 pairs as its u8s8 kernels do without VNNI.
+EXACT_INT8_ENTRY = "session.x64quantprecision"
+
+
 def session_options(config: dict):
     """onnxruntime SessionOptions from config parameters, same keys as the native ORT backend where one exists.
 
     intra_op_thread_count (default: usable CPUs / instances), inter_op_thread_count (default 1), allow_spinning
-    (default "0": spinning threads steal the other stubs' cores on small machines).
+    (default "0": spinning threads steal the other stubs' cores on small machines). On a CPU whose int8 sums are
+    not exact (no VNNI) the session takes the exact path (EXACT_INT8_ENTRY), so a served INT8 file computes what
+    its recipe was proven with on every x86 class.
     """
     import onnxruntime as ort
+
+    from tritonkit import envinfo
 
     options = ort.SessionOptions()
     default_intra = str(max(1, usable_cpus() // instance_count(config)))
@@ -94,6 +103,8 @@ def session_options(config: dict):
     options.inter_op_num_threads = int(param(config, "inter_op_thread_count", "1"))
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", param(config, "allow_spinning", "0"))
+    if not envinfo.int8_sums_exact():  # with VNNI the u8s8 sums are exact and the u8u8 path would only be slower
+        options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
     return options
 
 
