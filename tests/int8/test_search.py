@@ -519,3 +519,24 @@ def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
     x = np.full((2, k), 255.0, np.float32)
     got = evaluate.session(model, exact=True).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
+
+
+def test_the_speed_interval_separates_a_clear_gain_and_straddles_a_tie():
+    from tritonkit.int8.search import ratio_interval
+
+    rng = np.random.default_rng(1)
+    fp32 = 10.0 * (1 + 0.05 * rng.standard_normal(21))
+    lo, hi = ratio_interval(fp32, fp32 / 1.3 * (1 + 0.05 * rng.standard_normal(21)))
+    assert 1.0 < lo < 1.3 < hi < 1.6, (lo, hi)
+    lo, hi = ratio_interval(fp32, fp32 * (1 + 0.08 * rng.standard_normal(21)))
+    assert lo < 1.0 < hi, (lo, hi)
+    assert ratio_interval(fp32, fp32 / 2) == pytest.approx((2.0, 2.0))  # noiseless pairs: a point
+
+
+def test_the_speed_gate_judges_the_interval_not_the_median():
+    from tritonkit import kinds
+
+    target = kinds.get("text_embedding").SPEED_TARGET
+    assert target.metric == "int8_speedup_lo" and target.value == 1.0
+    assert not target.met({"int8_speedup": 1.31, "int8_speedup_lo": 0.98})  # a median above, noise across 1.0
+    assert target.met({"int8_speedup": 1.12, "int8_speedup_lo": 1.04})

@@ -20,7 +20,7 @@ def _floor_lines(report: dict) -> list[str]:
              "|---|---|---|---|---|"]
     for g in report["gates"]:
         m = g["metric"]
-        if m == "int8_speedup":
+        if m.startswith("int8_speedup"):
             lines.append(f"| {m} {g['op']} | {g['value']} | | | {_f(report.get('speed', {}).get(m))} |")
             continue
         floor = " / ".join(_f((half.get(split) or {}).get(m)) for split in ("validation", "test")) if half else ""
@@ -45,12 +45,13 @@ def render_markdown(report: dict) -> str:
         lines += _floor_lines(report)
         speed = report.get("speed", {})
         if speed:
-            lines += ["", "| batch | FP32 ms | INT8 ms | speed-up |", "|---|---|---|---|"]
+            lines += ["", "| batch | FP32 ms | INT8 ms | speed-up | 95 % interval |", "|---|---|---|---|---|"]
             for k in speed:
                 if k.startswith("speedup_batch"):
                     b = k.removeprefix("speedup_batch")
+                    lo, hi = speed.get(f"speedup_lo_batch{b}"), speed.get(f"speedup_hi_batch{b}")
                     lines.append(f"| {b} | {speed[f'fp32_ms_batch{b}']:.2f} | {speed[f'int8_ms_batch{b}']:.2f} | "
-                                 f"{speed[k]:.2f} |")
+                                 f"{speed[k]:.2f} | {f'{lo:.2f}–{hi:.2f}' if lo is not None else '—'} |")
         float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
         lines += ["", f"Kept in float ({len(float_nodes)}): " + (", ".join(f"`{n}`" for n in float_nodes) or "none")]
         if report.get("int8_mac_share") is not None:
