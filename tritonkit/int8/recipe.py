@@ -45,6 +45,14 @@ def search_command(kind) -> str:
     return f"python -m tritonkit.build {kind.NAME} --search"
 
 
+def exact_judgement(form: str) -> bool:
+    """Whether a form's accuracy is judged in exact int32 arithmetic (evaluate.session) rather than this CPU's own
+    kernels: TensorRT's form always (its arithmetic is exact); the served form wherever this CPU's u8s8 sums are
+    not exact, since served sessions take the exact path there (backend_utils.EXACT_INT8_ENTRY). Either way a
+    recipe is judged by the arithmetic every class serves."""
+    return form == "tensorrt" or not envinfo.int8_sums_exact()
+
+
 def _log(msg: str) -> None:
     print(f"[int8] {msg}", flush=True)
 
@@ -88,7 +96,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = Non
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
             half = form_floor(kind, fp32, form)
             result = Search(kind, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
-                            log=_log, workspace=workspace, exact=form == "tensorrt", floor=half,
+                            log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
                             speed_variants=speed_variants).run()
             full[form] = result.to_json()
             entry = {
@@ -267,8 +275,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
     quantize(fp32, tmp, quant, kind.calibration_batches, kind.calibration_batch_count(), progress)
     calib_s = time.perf_counter() - t0
-    # TensorRT's INT8 arithmetic is exact: its form is judged so on every CPU (evaluate.session).
-    metrics = {split: Evaluator(kind, fp32, split).metrics(tmp, exact=form == "tensorrt")
+    metrics = {split: Evaluator(kind, fp32, split).metrics(tmp, exact=exact_judgement(form))
                for split in ("validation", "test")}
     speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES, variants=speed_variants,
                     separate_from=kind.SPEED_TARGET.value) if form == "served" else {}
