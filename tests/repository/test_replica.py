@@ -56,6 +56,7 @@ def tree(tmp_path_factory):
     kind.write_assets(repo)  # the classifiers' labels file, as the build writes it
     fp32 = export_onnx(kind.EXPORT, repo / kind.FP32_MODEL / "1" / "model.onnx")
     int8 = repo / kind.INT8_MODEL / "1" / "model.onnx"
+    int8.parent.mkdir(parents=True, exist_ok=True)
     _int8(fp32, int8)
     recipe.mark_recipe(int8, RECIPE)  # as the build's replay marks the file it wrote
     recipe.recipe_path(kind).write_text(json.dumps({"served": {
@@ -173,3 +174,29 @@ def test_an_ngc_view_carries_the_record_and_the_supervisor_serves_this_cpus_view
     _, decisions = supervisor.replica_command(["tritonserver", f"--model-repository={ngc}"], tmp_path / "vnni")
     assert [d.int8 for d in decisions if d.model == kind.INT8_MODEL] == [True]
     assert (tmp_path / "vnni" / kind.INT8_MODEL / "1").resolve() == (ngc / kind.INT8_MODEL / "1").resolve()
+
+
+def test_a_build_on_another_class_rewrites_nothing_committed(tree, monkeypatch):
+    """On a class with no runtime entry the build measures nothing and writes nothing, and the generated configs
+    are the same whatever class generates them."""
+    from tritonkit.repository import runtime_choice
+
+    kind, repo, _, _ = tree
+    monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
+    as_vnni = {e.config.name: e.config.to_pbtxt() for e in generate.repository(kind)}
+    choices = runtime_choice.choice_path(kind)
+    before = choices.read_bytes()
+    monkeypatch.setenv(envinfo.CLASS_ENV, "avx2")
+    logged = []
+    int8 = repo / kind.INT8_MODEL / "1" / "model.onnx"
+    assert runtime_choice.choose(kind, repo / kind.FP32_MODEL / "1" / "model.onnx", int8, log=logged.append) == {}
+    assert choices.read_bytes() == before and "--choose-runtime" in logged[0]
+    # Even where this class has a choice of its own, the committed configs stay the committed class's.
+    data = json.loads(before)
+    data["classes"]["avx2"] = {"models": {kind.INT8_MODEL: {"runtime": "openvino"}}}
+    try:
+        choices.write_text(json.dumps(data))
+        assert runtime_choice.variant_for(kind, kind.INT8_MODEL) == "openvino"  # what this class measured
+        assert {e.config.name: e.config.to_pbtxt() for e in generate.repository(kind)} == as_vnni
+    finally:
+        choices.write_bytes(before)
