@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -154,7 +155,7 @@ def test_the_cpu_class_is_faked_in_one_place(monkeypatch):
 
 
 def test_an_ngc_view_carries_the_record_and_the_supervisor_serves_this_cpus_view(tree, tmp_path, monkeypatch):
-    from tritonkit.repository import variants
+    from tritonkit.repository import native_check, variants
     from tritonkit.repository.config import parse_config
     from tritonkit.runtime import supervisor
 
@@ -170,10 +171,12 @@ def test_an_ngc_view_carries_the_record_and_the_supervisor_serves_this_cpus_view
     assert (view / kind.INT8_MODEL / "1").resolve() == (ngc / kind.FP32_MODEL / "1").resolve()
     cfg = parse_config((view / kind.INT8_MODEL / "config.pbtxt").read_text(), kind.INT8_MODEL)
     assert cfg.backend == "onnxruntime" and cfg.parameters[INT8_SERVED_PARAMETER].string_value == "0"
+    assert native_check.check_repository(view, "ngc-cpu") == []  # what the NGC server will load
     monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
     _, decisions = supervisor.replica_command(["tritonserver", f"--model-repository={ngc}"], tmp_path / "vnni")
     assert [d.int8 for d in decisions if d.model == kind.INT8_MODEL] == [True]
     assert (tmp_path / "vnni" / kind.INT8_MODEL / "1").resolve() == (ngc / kind.INT8_MODEL / "1").resolve()
+    assert native_check.check_repository(tmp_path / "vnni", "ngc-cpu") == []
 
 
 def test_a_build_on_another_class_rewrites_nothing_committed(tree, monkeypatch):
@@ -200,3 +203,42 @@ def test_a_build_on_another_class_rewrites_nothing_committed(tree, monkeypatch):
         assert {e.config.name: e.config.to_pbtxt() for e in generate.repository(kind)} == as_vnni
     finally:
         choices.write_bytes(before)
+
+
+def test_the_container_supervisor_serves_fp32_on_a_mismatched_node(tree, tmp_path):
+    """The container's command over an NGC view on a faked avx2 node, with the embedded server's binary (whose
+    Python-based onnxruntime backend takes the native form) in place of the image's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tritonkit import paths
+    from tritonkit.repository import variants
+    from tritonkit.runtime.server import TritonServer, prepare_backend_dir, server_env
+
+    kind, repo, pixels, want = tree
+    ngc = variants.ngc_view(tmp_path / "ngc", repo, gpu=False, kinds=[kind])
+    spec = TritonServer.on_free_ports(model_repository=ngc, models=[kind.INT8_MODEL, kind.FP32_MODEL],
+                                      exit_timeout_s=5)
+    prepare_backend_dir(Path(spec.backend_dir))
+    env = {**server_env(), envinfo.CLASS_ENV: "avx2", "TRITONKIT_REPLICA_DIR": str(tmp_path / "view")}
+    log = tmp_path / "supervisor.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tritonkit.runtime.supervisor", "--", *spec.command()],
+                                env=env, cwd=paths.ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not spec.is_ready():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.25)
+        np.testing.assert_allclose(_logits(spec, kind.INT8_MODEL, pixels), want["fp32"], rtol=1e-5, atol=1e-5)
+        assert _gauge(spec, kind.INT8_MODEL) == 0.0
+        assert f"supervisor: WARNING: {kind.INT8_MODEL} SERVES FP32 on this CPU (class avx2)" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
