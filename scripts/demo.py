@@ -25,16 +25,13 @@ class Demo:
     run: Callable[[TritonServer], None]
 
 
-def serves(name: str) -> str:
-    """What model `name`'s INT8 slot really serves here: precision and the runtime its config names."""
+def serves(server: TritonServer, name: str) -> str:
+    """What model `name`'s INT8 slot really serves here: what this CPU's class proved (the server's replica view)."""
     from tritonkit import kinds
-    from tritonkit.repository import runtime_choice
 
-    kind = kinds.get(name)
-    variant = runtime_choice.variant_for(kind, kind.INT8_MODEL)
-    graph = recipe.served_label(name)
-    return f"{graph} on {variant}" + (" (the FP32 graph computed in bf16)" if graph != "INT8" and "bf16" in variant
-                                      else "")
+    model = kinds.get(name).INT8_MODEL
+    decision = next(d for d in server.replica_decisions if d.model == model)
+    return f"{'INT8' if decision.int8 else 'FP32'} on {decision.variant} ({decision.reason})"
 
 
 def text_demo(server: TritonServer) -> None:
@@ -46,9 +43,8 @@ def text_demo(server: TritonServer) -> None:
         "Compress a file to save disk space.",
         "Parse a date written as text.",
     ]
-    print(f"\n== text_embedding (all-MiniLM-L6-v2, {serves('text_embedding')}): {len(corpus)} sentences from the "
-          "standard-library docs, "
-          f"embedded over gRPC by tritonkit_client ==")
+    print(f"\n== text_embedding (all-MiniLM-L6-v2, {serves(server, 'text_embedding')}): {len(corpus)} sentences "
+          "from the standard-library docs, embedded over gRPC by tritonkit_client ==")
     print(f"   {recipe.floor_summary('text_embedding')}")
     vectors = embed(corpus, url=server.grpc_url, protocol="grpc", batch_size=32, concurrency=4).vectors
     found = embed(queries, url=server.http_url)
@@ -68,7 +64,7 @@ def image_demo(server: TritonServer) -> None:
     names = ["chelsea", "coffee", "rocket", "motorcycle_left", "grace_hopper", "flower"]
     fmts = ["JPEG", "PNG", "WEBP"]
     photos = [spec.photo_bytes(n, fmt=fmts[i % 3]) for i, n in enumerate(names)]
-    print(f"\n== image_classification (EfficientNet-Lite0, {serves('image_classification')}): {len(photos)} "
+    print(f"\n== image_classification (EfficientNet-Lite0, {serves(server, 'image_classification')}): {len(photos)} "
           "bundled photos sent as "
           "JPEG/PNG/WebP bytes over HTTP, top-3 via the classification extension ==")
     print(f"   {recipe.floor_summary('image_classification')}")
@@ -94,7 +90,7 @@ def main() -> int:
         return 2
     models = [m for demo in DEMOS for m in demo.models]
     print(f"starting tritonserver with {', '.join(models)} ...", flush=True)
-    with TritonServer.on_free_ports(model_control_mode="explicit", models=models) as server:
+    with TritonServer.on_free_ports(model_control_mode="explicit", models=models, per_replica=True) as server:
         print(f"ready: HTTP {server.http_url}, gRPC {server.grpc_url}")
         for demo in DEMOS:
             demo.run(server)

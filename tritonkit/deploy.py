@@ -61,6 +61,55 @@ VARIANTS = {
 }
 
 
+# node-feature-discovery's CPU labels (`feature.node.kubernetes.io/cpu-cpuid.<FLAG>: "true"` where the CPU has
+# FLAG) that tell tritonkit.envinfo.int8_class's classes apart: per class, node selector terms (any one matches), each
+# a list of (flag, present).
+NFD_CPUID = "feature.node.kubernetes.io/cpu-cpuid."
+_VNNI = ("AVX512VNNI", "AVXVNNI", "AMXINT8")
+NFD_CLASSES = {
+    "vnni": [[(flag, True)] for flag in _VNNI],
+    "avx512": [[("AVX512BW", True), *((flag, False) for flag in _VNNI)]],
+    "avx2": [[("AVX2", True), ("AVX512BW", False), *((flag, False) for flag in _VNNI)]],
+}
+# Scheduler preference per spec whose INT8 a class proved (a node of that class serves it as INT8, others FP32).
+PREFERENCE_PER_MODEL = 20
+
+
+NFD_BF16 = ("AVX512BF16", True)  # what a runtime proven in bf16 needs besides its class (AMX-BF16 CPUs have it too)
+
+
+def node_terms(cpu_class: str, bf16: bool = False) -> list[dict]:
+    """The nodeSelectorTerms that select nodes of `cpu_class` (with native bf16) by their NFD labels."""
+    return [{"matchExpressions": [{"key": NFD_CPUID + flag, "operator": "In", "values": ["true"]} if present
+                                  else {"key": NFD_CPUID + flag, "operator": "DoesNotExist"}
+                                  for flag, present in [*term, *([NFD_BF16] if bf16 else [])]]}
+            for term in NFD_CLASSES[cpu_class]]
+
+
+def class_preferences() -> list[dict]:
+    """preferredDuringScheduling terms: nodes of each class where specs' INT8 is proven, weighted by how many
+    (tritonkit.repository.replica.int8_classes); one proven on a bf16 runtime counts only on nodes with bf16."""
+    from tritonkit import kinds
+    from tritonkit.repository import replica, runtime_choice
+
+    proven: dict[tuple[str, bool], int] = {}
+    for name in kinds.names():
+        for cpu, variant in replica.int8_classes(kinds.get(name)).items():
+            key = (cpu, runtime_choice.needs_bf16(variant))
+            proven[key] = proven.get(key, 0) + 1
+    return [{"weight": min(100, PREFERENCE_PER_MODEL * count), "preference": term}
+            for (cpu, bf16), count in sorted(proven.items()) if cpu in NFD_CLASSES for term in node_terms(cpu, bf16)]
+
+
+def class_component(cpu_class: str) -> dict:
+    """A kustomize Component that holds the CPU variant's replicas to nodes of `cpu_class` (required affinity)."""
+    patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": VARIANTS["cpu"].name},
+             "spec": {"template": {"spec": {"affinity": {"nodeAffinity": {
+                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": node_terms(cpu_class)}}}}}}}
+    return {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
+            "patches": [{"patch": yaml.dump(patch, Dumper=_Dumper, sort_keys=False)}]}
+
+
 def entry_models(repository: Path = paths.MODEL_REPOSITORY) -> list[str]:
     """Models clients call: ensembles and every model no ensemble uses as a step."""
     configs = load_repository(repository)
@@ -116,6 +165,10 @@ def manifests(v: Variant) -> list[dict]:
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
     }
+    # CPU replicas lean towards nodes of the classes that proved INT8; any node still serves (FP32 where unproven).
+    prefer = [] if v.gpus else class_preferences()
+    affinity = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": prefer}}} \
+        if prefer else {}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -137,6 +190,7 @@ def manifests(v: Variant) -> list[dict]:
                         "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": labels},
                     }],
                     "containers": [container],
+                    **affinity,
                     "volumes": [
                         {"name": "model-repository",
                          "persistentVolumeClaim": {"claimName": MODEL_REPOSITORY_CLAIM, "readOnly": True}},
@@ -380,6 +434,9 @@ def outputs() -> dict[Path, str]:
     for variant, v in VARIANTS.items():
         files[K8S_DIR / variant / "kustomization.yaml"] = _kustomization(["tritonkit.yaml", "../common"], ["../image"])
         files[K8S_DIR / variant / "tritonkit.yaml"] = _yaml(manifests(v), f"{variant} variant")
+    for cpu_class in NFD_CLASSES:  # add one to deploy/k8s/cpu's components to pin its replicas to that class
+        files[K8S_DIR / "cpu-class" / cpu_class / "kustomization.yaml"] = _yaml(
+            [class_component(cpu_class)], f"CPU variant on {cpu_class} nodes only")
     return files
 
 

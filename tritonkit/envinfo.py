@@ -4,10 +4,13 @@ compared before a model is served."""
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+
+from tritonkit.errors import CpuClassError
 
 # Packages whose version changes the exported or quantized graph, or the kernels that run it.
 GRAPH_PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "tokenizers", "pillow", "numpy")
@@ -37,11 +40,19 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo"), wanted: tuple[str, ...] = I
 # The classes of onnxruntime's x86 u8s8 GEMM: VNNI sums int8 products exactly in int32; without it (AVX-512BW,
 # AVX2) pairs of products are summed in saturating int16 first, which changes both accuracy and speed.
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+CLASSES = ("vnni", "avx512", "avx2", "generic")
+# The one way to make this machine act as a CPU of another class (tests of a mismatched replica; pinning a replica).
+CLASS_ENV = "TRITONKIT_CPU_CLASS"
 
 
 def int8_class(features: list[str] | None = None) -> str:
     """The INT8 kernel class of this CPU (or of `features`): "vnni", "avx512", "avx2" or "generic". A served INT8
-    recipe is searched, committed and replayed per class."""
+    recipe is searched, committed and replayed per class. $TRITONKIT_CPU_CLASS, when set, names this CPU's class."""
+    if features is None and os.environ.get(CLASS_ENV):
+        faked = os.environ[CLASS_ENV]
+        if faked not in CLASSES:
+            raise CpuClassError(f"${CLASS_ENV}={faked!r} is not one of {', '.join(CLASSES)}")
+        return faked
     flags = set(cpu_flags() if features is None else features)
     if flags & set(VNNI_FLAGS):
         return "vnni"
@@ -54,10 +65,10 @@ def int8_sums_exact(features: list[str] | None = None) -> bool:
     return int8_class(features) == "vnni"
 
 
-@cache
 def has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (no runtime offers bf16 without it)."""
-    return bool(cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
+    """Whether this CPU computes bf16 natively (no runtime offers bf16 without it). bf16 exists only on AVX-512
+    CPUs, so a class faked as "avx2" or "generic" has none."""
+    return bool(cpu_flags(wanted=("avx512_bf16", "amx_bf16"))) and int8_class() in ("vnni", "avx512")
 
 
 @cache

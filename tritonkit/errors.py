@@ -11,6 +11,16 @@ class TritonkitError(Exception):
     """Base of every tritonkit error."""
 
 
+# raised by tritonkit.envinfo
+class CpuClassError(TritonkitError, ValueError):
+    """$TRITONKIT_CPU_CLASS names no CPU INT8 class; the message lists the classes."""
+
+
+# raised by tritonkit.repository.replica
+class ReplicaError(TritonkitError, RuntimeError):
+    """A replica's repository view cannot be made (a record that does not fit its repository); names the model."""
+
+
 # raised by tritonkit.paths
 class PackageNotInstalled(TritonkitError, LookupError):
     """An installed Python package the project reads files from is missing."""

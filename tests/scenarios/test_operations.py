@@ -181,6 +181,60 @@ def test_kustomize_build_sets_the_registry_from_one_place(variant):
     assert image == f"{override['newName']}:{release.DEFAULT}"
 
 
+# Linux /proc/cpuinfo flag -> the node-feature-discovery cpuid label name of the same feature (klauspost/cpuid).
+NFD_NAMES = {"avx2": "AVX2", "avx512bw": "AVX512BW", "avx512_vnni": "AVX512VNNI", "avx_vnni": "AVXVNNI",
+             "amx_int8": "AMXINT8", "avx512_bf16": "AVX512BF16"}
+
+
+def _matches(terms: list[dict], labels: dict[str, str]) -> bool:
+    """Kubernetes node selector semantics: any term, all of its expressions (In, DoesNotExist only here)."""
+    def holds(e):
+        return labels.get(e["key"]) in e["values"] if e["operator"] == "In" else e["key"] not in labels
+    return any(all(holds(e) for e in t["matchExpressions"]) for t in terms)
+
+
+@pytest.mark.parametrize("flags", [["avx2"], ["avx2", "avx512bw"], ["avx2", "avx512bw", "avx512_vnni"],
+                                   ["avx2", "avx_vnni"], ["avx2", "avx512bw", "avx512_vnni", "amx_int8"]])
+def test_nfd_labels_select_the_cpu_class_tritonkit_detects(flags):
+    from tritonkit import envinfo
+
+    labels = {f"feature.node.kubernetes.io/cpu-cpuid.{NFD_NAMES[f]}": "true" for f in flags}
+    matched = [c for c in deploy.NFD_CLASSES if _matches(deploy.node_terms(c), labels)]
+    assert matched == [envinfo.int8_class(flags)]
+
+
+def test_cpu_replicas_prefer_nodes_of_classes_that_proved_int8_and_a_component_pins_one(tmp_path):
+    from tritonkit import kinds
+    from tritonkit.repository import replica, runtime_choice
+
+    spec = _variant("cpu")["Deployment"]["spec"]["template"]["spec"]
+    prefer = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    flags = {"vnni": ["avx2", "avx512bw", "avx512_vnni"], "avx512": ["avx2", "avx512bw"], "avx2": ["avx2"]}
+    proven = {(cpu, runtime_choice.needs_bf16(variant)) for name in kinds.names()
+              for cpu, variant in replica.int8_classes(kinds.get(name)).items()}
+    for cpu, bf16 in proven:  # a node of a class that proved some spec's INT8 (with bf16 where its runtime needs it)
+        labels = {f"feature.node.kubernetes.io/cpu-cpuid.{NFD_NAMES[f]}": "true"
+                  for f in flags[cpu] + (["avx512_bf16"] if bf16 else [])}
+        assert any(_matches([p["preference"]], labels) for p in prefer), (cpu, bf16)
+    node = {"feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}  # an AVX2-only node
+    assert ("avx2" in {c for c, _ in proven}) == any(_matches([p["preference"]], node) for p in prefer)
+    assert "affinity" not in _variant("gpu")["Deployment"]["spec"]["template"]["spec"]
+    import os
+
+    here = {"cpu": deploy.K8S_DIR / "cpu", "pin": deploy.K8S_DIR / "cpu-class" / "avx2"}  # kustomize: relative only
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(here["cpu"], tmp_path)], "components": [os.path.relpath(here["pin"], tmp_path)]}))
+    built = subprocess.run(["kubectl", "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (deployment,) = [d for d in yaml.safe_load_all(built.stdout) if d and d["kind"] == "Deployment"]
+    validate(deployment)
+    required = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert _matches(required, node) and not _matches(required, {**node, "feature.node.kubernetes.io/cpu-cpuid."
+                                                                "AVX512BW": "true"})
+
+
 # --- rules ----------------------------------------------------------------------------------------------------
 
 def _rule_groups() -> list[dict]:

@@ -23,6 +23,7 @@ from tritonkit.errors import GateError
 from tritonkit.int8.pages import render_markdown
 from tritonkit.int8.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, speedup
 from tritonkit.kinds.gates import missed
+from tritonkit.serving.marks import PRECISION_PARAMETER
 from tritonkit.serving.runtimes import DEFAULT
 
 RECIPES = paths.SPECS
@@ -292,6 +293,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
         return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
                          f"{here} CPU ({'; '.join(miss)}); search this CPU's with "
                          f"`make int8-search MODEL={kind.NAME} FORM=served` and commit it")
+    mark_recipe(tmp, entry["recipe"])
     tmp.replace(out)
     report.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
                   recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
@@ -302,7 +304,40 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     return Outcome(form, out, report["status"], miss)
 
 
-PRECISION_KEY = "tritonkit_precision"  # ONNX metadata of an FP32 graph under an INT8 name (the backend warns)
+PRECISION_KEY = PRECISION_PARAMETER  # ONNX metadata of an FP32 graph under an INT8 name (the backend warns)
+RECIPE_KEY = "tritonkit_recipe"  # ONNX metadata of a served INT8 file: the digest of the recipe that built it
+
+
+def recipe_digest(recipe: dict | None) -> str | None:
+    """A short digest of a committed recipe (None: no recipe)."""
+    import hashlib
+
+    if recipe is None:
+        return None
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mark_recipe(path: Path, recipe: dict) -> None:
+    """Record in `path`'s ONNX metadata which recipe built it, so that a replica can tell whether the file it holds
+    is the one its CPU class proved (tritonkit.repository.replica)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != RECIPE_KEY]
+    del model.metadata_props[:]
+    for key, value in [*kept, (RECIPE_KEY, recipe_digest(recipe))]:
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+
+
+def file_recipe(path: Path) -> str | None:
+    """The recipe digest `mark_recipe` wrote into `path` (None: no file, or not marked)."""
+    import onnx
+
+    if not Path(path).exists():
+        return None
+    meta = onnx.load(str(path), load_external_data=False).metadata_props
+    return next((p.value for p in meta if p.key == RECIPE_KEY), None)
 
 
 def write_fp32_fallback(fp32: Path, out: Path, reason: str) -> None:

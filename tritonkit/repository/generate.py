@@ -6,7 +6,9 @@
 Per text-embedding spec: the tokenizer, the FP32 and INT8 encoders, the ensembles `<name>` (INT8) and
 `<name>_fp32`. Per image-classification spec: the preprocessor, the FP32 and INT8 classifiers, the ensembles
 `<name>` and `<name>_fp32`. Either kind: `<name>_fused` if the spec asks. Configs go through
-tritonkit.repository.config (Triton's protobuf schema) and carry a "generated; do not edit" header. A model whose INT8
+tritonkit.repository.config (Triton's protobuf schema) and carry a "generated; do not edit" header. They name the
+runtimes recorded for runtime_choice.COMMITTED_CLASS on any machine; a replica serves its own class's
+(tritonkit.repository.replica). A model whose INT8
 search found nothing that passes (tritonkit.int8.recipe) is served as FP32 under its INT8 name; its config says so,
 and the backend logs it at load.
 """
@@ -49,7 +51,7 @@ def _int8_params(kind) -> dict[str, str]:
     # The committed config is the same on every machine: it speaks for the fallbacks of every CPU class only. One
     # class's own fallback is marked in the graph's ONNX metadata, which the backend logs too.
     if recipe.all_classes_fall_back(kind):
-        return {"tritonkit_precision": "fp32-fallback: no INT8 candidate met every gate (models/"
+        return {recipe.PRECISION_KEY: "fp32-fallback: no INT8 candidate met every gate (models/"
                 f"{kind.NAME}.int8.json)"}
     return {}
 
@@ -59,12 +61,13 @@ def _onnx_model(kind, name: str, inputs: list[Tensor], outputs: list[Tensor], in
     """An ONNX model on the CPU runtime the build measured faster for it (tritonkit.repository.runtime_choice)."""
     from tritonkit.repository import runtime_choice
 
-    s = kind.spec.serving
-    runtime = runtime_choice.runtime_for(kind, name)
+    s, committed = kind.spec.serving, runtime_choice.COMMITTED_CLASS
+    runtime = runtime_choice.runtime_for(kind, name, committed)
     return Entry(ModelSpec(
         name=name, backend=runtime, max_batch_size=s.max_batch_size, inputs=inputs, outputs=outputs,
         instance_count=instances, dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.queue_delay_us),
-        parameters={THREAD_PARAMETER[runtime]: str(threads), **runtime_choice.parameters_for(kind, name), **extra},
+        parameters={THREAD_PARAMETER[runtime]: str(threads), **runtime_choice.parameters_for(kind, name, committed),
+                    **extra},
         header=_header(kind, what),
         # Triton fills in model.xml for openvino; the native backend reads our .onnx when the config names it.
         default_model_filename="model.onnx" if runtime == "openvino" else ""))
@@ -124,15 +127,15 @@ def _fused(kind, inputs: list[Tensor], outputs: list[Tensor], params: dict[str, 
     chose for it) in one Python model."""
     from tritonkit.repository import runtime_choice
 
-    s = kind.spec.serving
-    runtime = runtime_choice.runtime_for(kind, kind.INT8_MODEL)
+    s, committed = kind.spec.serving, runtime_choice.COMMITTED_CLASS
+    runtime = runtime_choice.runtime_for(kind, kind.INT8_MODEL, committed)
     return Entry(ModelSpec(
         name=f"{kind.spec.name}_fused", backend="python", max_batch_size=s.max_batch_size, inputs=inputs,
         outputs=outputs, instance_count=s.fused_instances or s.model_instances,
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.fused_queue_delay_us),
         parameters={"onnx_model": f"../{kind.INT8_MODEL}/1/model.onnx", "runtime": runtime,
                     THREAD_PARAMETER[runtime]: str(s.model_threads),
-                    **runtime_choice.parameters_for(kind, kind.INT8_MODEL), **params},
+                    **runtime_choice.parameters_for(kind, kind.INT8_MODEL, committed), **params},
         header=_header(kind, f"`{kind.spec.name}` in one Python stub: {what}.")), shim)
 
 

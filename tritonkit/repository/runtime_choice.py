@@ -9,11 +9,11 @@ by MIN_GAIN serves only if accuracy holds on it too, against the FP32 graph unde
 says why for each.
 
 The choice is committed per CPU INT8 class (envinfo.int8_class) in models/<name>.runtime.json, with the numbers,
-both runtimes' versions and the CPU that measured them; the generator names the chosen runtime and its parameters
-in the model's config. A class without an entry borrows a measured one, as INT8 recipes do; an unchanged file
-(or an INT8 file rebuilt from the same FP32 file, recipe and packages: calibration is not bit-reproducible, see
-source_digest) keeps its committed choice, and `python -m tritonkit.build <name> --choose-runtime` re-measures this
-class.
+both runtimes' versions and the CPU that measured them. The committed configs name COMMITTED_CLASS's choice; a
+replica of any class serves its own class's record or FP32 (tritonkit.repository.replica), never another's. An
+unchanged file (or an INT8 file rebuilt from the same FP32 file, recipe and packages: calibration is not
+bit-reproducible, see source_digest) keeps its committed choice; a build on a class with no entry measures nothing
+and writes nothing unless asked: `python -m tritonkit.build <name> --choose-runtime` measures this class.
 """
 
 from __future__ import annotations
@@ -51,8 +51,14 @@ def load(kind) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"classes": {}}
 
 
+# The committed configs in model_repository/ speak for this class (the reference machine's), whatever machine
+# generates them; each replica derives its own class's at start (tritonkit.repository.replica).
+COMMITTED_CLASS = "vnni"
+
+
 def entry(kind, cpu_class: str | None = None) -> tuple[str | None, dict]:
-    """(class, entry) for this CPU's class, else the first measured class (borrowed), else (None, {})."""
+    """(class, entry) for this CPU's class, else the first measured class (borrowed, for build-time timing only:
+    replicas read `recorded`), else (None, {})."""
     classes = load(kind)["classes"]
     cpu_class = cpu_class or envinfo.int8_class()
     if cpu_class in classes:
@@ -62,23 +68,62 @@ def entry(kind, cpu_class: str | None = None) -> tuple[str | None, dict]:
     return None, {}
 
 
-def runtime_for(kind, model: str) -> str:
+def recorded(kind, cpu_class: str) -> dict:
+    """The entry measured on `cpu_class` itself ({} where that class measured nothing): what its replicas serve."""
+    return load(kind)["classes"].get(cpu_class, {})
+
+
+def runtime_for(kind, model: str, cpu_class: str | None = None) -> str:
     """The runtime `model` (a served model of this spec) is configured with."""
-    return VARIANTS[variant_for(kind, model)][0]
+    return VARIANTS[variant_for(kind, model, cpu_class)][0]
 
 
-def variant_for(kind, model: str) -> str:
-    return entry(kind)[1].get("models", {}).get(model, {}).get("runtime", DEFAULT)
+def variant_for(kind, model: str, cpu_class: str | None = None) -> str:
+    """The variant recorded for `model`: `cpu_class`'s own record when a class is named, else this CPU's entry."""
+    record = recorded(kind, cpu_class) if cpu_class else entry(kind)[1]
+    return record.get("models", {}).get(model, {}).get("runtime", DEFAULT)
 
 
-def parameters_for(kind, model: str) -> dict[str, str]:
-    """The config parameters the chosen variant adds (OpenVINO's bf16 hint, by its native name; the packing bucket
-    only for a kind that packs)."""
-    params = dict(VARIANTS[variant_for(kind, model)][1])
+def needs_bf16(variant: str) -> bool:
+    """Whether `variant` computes in bf16, which only a CPU with native bf16 may be given."""
+    return dict(VARIANTS[variant][1]).get("HINT_BF16") == "YES"
+
+
+def variant_parameters(kind, variant: str) -> dict[str, str]:
+    """The config parameters `variant` adds (OpenVINO's bf16 hint, by its native name; the packing bucket only for
+    a kind that packs)."""
+    params = dict(VARIANTS[variant][1])
     if not getattr(kind, "packable", False):
         for packed_only in ("packed_width_multiple", "packed_static_rows"):
             params.pop(packed_only, None)
     return params
+
+
+def parameters_for(kind, model: str, cpu_class: str | None = None) -> dict[str, str]:
+    """The config parameters the variant chosen for `model` adds (variant_parameters)."""
+    return variant_parameters(kind, variant_for(kind, model, cpu_class))
+
+
+def serve_on(runtime: str):
+    """Serve a model of our embedded backends (or a fused model's encoder) on `runtime`, same threads per
+    instance (none named: the runtime's default); OpenVINO's own parameters go when it leaves OpenVINO."""
+    from tritonkit.repository.native_check import OPENVINO_PARAMETERS
+    from tritonkit.serving.runtimes import THREAD_PARAMETER
+
+    def edit(cfg) -> None:  # a tritonclient ModelConfig
+        threads = next((cfg.parameters[k].string_value for k in THREAD_PARAMETER.values() if k in cfg.parameters),
+                       "")
+        leaving = {*OPENVINO_PARAMETERS, "packed_static_rows"} if runtime != "openvino" else set()
+        drop = set(THREAD_PARAMETER.values()) | leaving
+        for key in [k for k in cfg.parameters if k in drop]:
+            del cfg.parameters[key]
+        if threads:
+            cfg.parameters[THREAD_PARAMETER[runtime]].string_value = threads
+        if cfg.backend == "python":
+            cfg.parameters["runtime"].string_value = runtime
+        else:
+            cfg.backend = runtime
+    return edit
 
 
 def served_session(kind, model: str, path: Path):
@@ -98,8 +143,8 @@ def width_multiple(kind, model: str) -> int:
 
 def served_int8(kind) -> tuple[str, Path, str]:
     """(variant, file, OpenVINO precision "bf16" or "f32") the INT8 model is served with here."""
-    bf16 = parameters_for(kind, kind.INT8_MODEL).get("HINT_BF16") == "YES"
-    return variant_for(kind, kind.INT8_MODEL), served_file(paths.model_file(kind.INT8_MODEL)), "bf16" if bf16 else "f32"
+    variant = variant_for(kind, kind.INT8_MODEL)
+    return variant, served_file(paths.model_file(kind.INT8_MODEL)), "bf16" if needs_bf16(variant) else "f32"
 
 
 def served_file(path: Path) -> Path:
@@ -250,6 +295,12 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
         return {}
     data = load(kind)
     cpu_class = envinfo.int8_class()
+    if cpu_class not in data["classes"] and data["classes"] and not force:
+        # Another class committed this file; a build here leaves it be and its replicas serve FP32 on ONNX Runtime.
+        log(f"{kind.NAME}: no runtime measured on this {cpu_class} CPU (recorded: {', '.join(sorted(data['classes']))}"
+            f"); a replica here serves FP32 on ONNX Runtime. Measure with `python -m tritonkit.build {kind.NAME} "
+            "--choose-runtime` and commit it")
+        return {}
     current = data["classes"].get(cpu_class, {})
     files = {kind.FP32_MODEL: (fp32, False)}
     if int8 is not None and int8.exists():

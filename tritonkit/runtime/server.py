@@ -142,6 +142,11 @@ class TritonServer:
     # Named config profile (`make tune` output): models with configs/<profile>.pbtxt use it instead of config.pbtxt.
     profile: str = ""
     log_path: Path | None = None
+    # Serve what this CPU's class proved (tritonkit.repository.replica): a view of the repository made at start, from
+    # its record file or from `replica_kinds` (default: every spec); `make serve` and the demo do.
+    per_replica: bool = False
+    replica_kinds: list | None = None
+    replica_decisions: list = field(default_factory=list, init=False, repr=False)
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -163,10 +168,32 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
+    @property
+    def served_repository(self) -> Path:
+        """The folder tritonserver reads: the replica view once started with per_replica, else model_repository."""
+        return getattr(self, "_view", None) or Path(self.model_repository)
+
+    def replica_view(self) -> Path:
+        """Write this CPU's view of the repository into a fresh temporary folder and say what it serves."""
+        from tritonkit.repository import replica
+
+        source = Path(self.model_repository)
+        data = replica.read_record(source)
+        if data is None:
+            from tritonkit import kinds
+
+            specs = self.replica_kinds if self.replica_kinds is not None else [kinds.get(n) for n in kinds.names()]
+            data = replica.record(specs, source)
+        self._view = Path(tempfile.mkdtemp(prefix="tritonkit-replica-"))
+        self.replica_decisions = replica.view(source, self._view, data)
+        for line in replica.describe(self.replica_decisions):
+            print(line, file=sys.stderr, flush=True)
+        return self._view
+
     def command(self) -> list[str]:
         cmd = [
             str(server_binary()),
-            f"--model-repository={Path(self.model_repository).resolve()}",
+            f"--model-repository={self.served_repository.resolve()}",
             f"--backend-directory={Path(self.backend_dir).resolve()}",
             # The wheel's response-cache implementations (`--cache-config local,size=...` needs them).
             f"--cache-directory={triton_home() / 'caches'}",
@@ -201,7 +228,9 @@ class TritonServer:
         prepare_backend_dir(Path(self.backend_dir))
         from tritonkit.repository.native_check import embedded_models
 
-        served, skipped = embedded_models(Path(self.model_repository))
+        if self.per_replica:
+            self.replica_view()
+        served, skipped = embedded_models(self.served_repository)
         if self.model_control_mode == "none" and skipped:
             self.model_control_mode = "explicit"
         if self.model_control_mode == "explicit" and not self.models:
@@ -307,6 +336,9 @@ class TritonServer:
             self._metrics_httpd = None
         if getattr(self, "_log", None):
             self._log.close()
+        view, self._view = getattr(self, "_view", None), None
+        if view is not None:
+            shutil.rmtree(view, ignore_errors=True)
         # A log we chose is kept only when the server did not exit cleanly (it is what explains the failure).
         if getattr(self, "_temp_log", False) and proc.returncode == 0:
             Path(self.log_path).unlink(missing_ok=True)
@@ -332,6 +364,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_path=Path(args.log_file) if args.log_file else None,
         extra_args=args.extra,
         allocator=args.allocator,
+        per_replica=not args.as_committed,
     )
     # Never from the command line: it would be readable in `ps` (tritonserver's own flag already is; docs/security.md).
     key = read_secret(Path(args.control_key_file)) if args.control_key_file else os.environ.get("TRITONKIT_CONTROL_KEY")
@@ -403,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allocator", default=os.environ.get("TRITONKIT_ALLOCATOR", "jemalloc"),
                    help="malloc for the tritonserver process: jemalloc (default) or glibc")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    p.add_argument("--as-committed", action="store_true",
+                   help="serve the repository's configs as they are, not what this CPU's class proved")
     p.add_argument("extra", nargs="*", help="extra tritonserver flags after --")
     sub.add_parser("prepare-backends", help="assemble the server's backend directory")
     sub.add_parser("check", help="fail clearly if setup is incomplete")

@@ -9,8 +9,10 @@ runs the same watchdog (tritonkit.runtime.watchdog: backoff, operators' unloads 
     python3 -m tritonkit.runtime.supervisor -- tritonserver --model-repository=/models --model-control-mode=explicit ...
 
 It forwards SIGTERM/SIGINT (Triton drains in-flight requests), exits with the server's exit code, and restricts
-the repository API with the key in $TRITONKIT_CONTROL_KEY (it needs that API to reload). Stdlib only: it runs on
-the container's own Python.
+the repository API with the key in $TRITONKIT_CONTROL_KEY (it needs that API to reload). A repository that carries
+a replica record (the NGC views: tritonkit.repository.replica.RECORD) is served through a view made for this node's
+CPU class, in $TRITONKIT_REPLICA_DIR or a temporary folder: models not proven on this class serve FP32, said loudly
+on stdout. Stdlib only: it runs on the container's own Python.
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from tritonkit.errors import SupervisorError
+from tritonkit.repository import replica
 from tritonkit.runtime.server import CONTROL_HEADER, RESTRICTED_APIS
 from tritonkit.runtime.watchdog import StubWatchdog, TritonHttp, _stubs_of
 
 KEY_ENV = "TRITONKIT_CONTROL_KEY"
+VIEW_ENV = "TRITONKIT_REPLICA_DIR"
 
 
 def option(command: Sequence[str], flag: str, default: str | None = None) -> str | None:
@@ -58,6 +64,26 @@ def restricted_command(command: Sequence[str], key: str | None) -> tuple[list[st
     return [*command, f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"], key
 
 
+def replica_command(command: Sequence[str], view_dir: str | None = None) -> tuple[list[str], list]:
+    """(command, decisions): the command reading this CPU's view of its repository when the repository carries a
+    replica record (its --model-repository replaced), else the command as given and no decisions."""
+    source = option(command, "--model-repository")
+    data = replica.read_record(Path(source)) if source else None
+    if data is None:
+        return list(command), []
+    dest = Path(view_dir or os.environ.get(VIEW_ENV) or tempfile.mkdtemp(prefix="tritonkit-replica-"))
+    decisions = replica.view(Path(source), dest, data)
+    out, skip = [], False
+    for arg in command:  # every spelling of the flag goes; the view's path is the one left
+        if skip:
+            skip = False
+        elif arg == "--model-repository":
+            skip = True
+        elif not arg.startswith("--model-repository="):
+            out.append(arg)
+    return [*out, f"--model-repository={dest}"], decisions
+
+
 # A container's models can be large and its node busy: reloads keep the 300 s the supervisor always gave them.
 RELOAD_TIMEOUT_S = 300.0
 
@@ -65,6 +91,9 @@ RELOAD_TIMEOUT_S = 300.0
 def supervise(command: Sequence[str], key: str | None = None, poll_s: float = 0.5) -> int:
     """Start the server, watch its stubs with the launcher's StubWatchdog until it exits; returns its exit code."""
     command, key = restricted_command(command, key if key is not None else os.environ.get(KEY_ENV))
+    command, decisions = replica_command(command)
+    for line in replica.describe(decisions):
+        print(f"supervisor: {line}", flush=True)
     mode = option(command, "--model-control-mode", "none")
     # The server leads its own process group, so its stubs can be found (and cleared) by group.
     proc = subprocess.Popen(command, start_new_session=True)

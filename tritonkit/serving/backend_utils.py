@@ -13,6 +13,8 @@ import os
 import threading
 from pathlib import Path
 
+from tritonkit.serving.marks import INT8_SERVED_METRIC, INT8_SERVED_PARAMETER, PRECISION_PARAMETER
+
 
 def pad_concat(arrays: list, name: str, ragged: bool, pad_value: float, error: type[Exception] = ValueError):
     """Requests' arrays of one input joined on the batch axis; a ragged input is right-padded with `pad_value` to
@@ -200,6 +202,24 @@ def ort_metrics(pb_utils, labels: dict[str, str]) -> Counters:
         )
         metrics[key] = families[key].Metric(labels=labels)
     return Counters(families, metrics)
+
+
+def announce_precision(pb_utils, config: dict, name: str, metadata: dict | None = None):
+    """Log loudly when an INT8-named model serves FP32 (the config's mark from a replica's view or of every class's
+    fallback, or the graph's own mark from this machine's build), and publish `tritonkit_int8_served{model}` where
+    a view marked the model. Returns what must live as long as the model (the gauge), or None."""
+    precision = param(config, PRECISION_PARAMETER, "") or (metadata or {}).get(PRECISION_PARAMETER, "")
+    if precision:
+        pb_utils.Logger.log_warn(f"{name}: SERVING FP32 UNDER AN INT8 NAME: {precision}")
+    served = param(config, INT8_SERVED_PARAMETER)
+    if served is None:
+        return None
+    family = pb_utils.MetricFamily(name=INT8_SERVED_METRIC, kind=pb_utils.MetricFamily.GAUGE,
+                                   description="1: this INT8-named model serves the INT8 graph proven on this CPU's "
+                                               "class; 0: it serves FP32")
+    metric = family.Metric(labels={"model": name})
+    metric.set(1.0 if served == "1" and not precision else 0.0)
+    return family, metric  # a family must outlive its metric
 
 
 def error_response(pb_utils, message: str, client: bool = True):

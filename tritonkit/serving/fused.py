@@ -22,7 +22,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonkit.errors import ConfigError
 from tritonkit.serving import packing, textproc
-from tritonkit.serving.backend_utils import error_response, ort_metrics, param
+from tritonkit.serving.backend_utils import announce_precision, error_response, ort_metrics, param
 from tritonkit.serving.batching import length_buckets
 from tritonkit.serving.runtimes import open_runner, static_shapes
 
@@ -64,6 +64,7 @@ class TritonPythonModel:
                 raise pb_utils.TritonModelException(str(err)) from None
         pb_utils.Logger.log_info(f"{self.name}: {self.session.describe()}, "
                                  f"{'packed batches from ' + packed.name if self.packed else 'buckets'}")
+        self._precision_gauge = announce_precision(pb_utils, config, self.name, self.session.metadata)
         self.dim = int(pb_utils.get_output_config_by_name(config, "embedding")["dims"][-1])
         # Unset: one run padded to the longest text of the execute().
         max_padding = param(config, "ragged_max_padding")
@@ -135,4 +136,4 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._counters.close()
-        self.session = None
+        self.session = self._precision_gauge = None

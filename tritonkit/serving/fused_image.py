@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonkit.errors import ConfigError
 from tritonkit.serving import imaging
-from tritonkit.serving.backend_utils import error_response, ort_metrics, param
+from tritonkit.serving.backend_utils import announce_precision, error_response, ort_metrics, param
 from tritonkit.serving.image_preprocess import read_images
 from tritonkit.serving.runtimes import open_runner
 
@@ -44,6 +44,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"{self.name}: {err}") from None
         self.input = next(iter(self.session.input_names))
         pb_utils.Logger.log_info(f"{self.name}: {self.session.describe()}, decode + classify in one stub")
+        self._precision_gauge = announce_precision(pb_utils, config, self.name, self.session.metadata)
         self._counters = ort_metrics(pb_utils, {"model": self.name, "version": str(args["model_version"])})
         for _ in range(int(param(config, "warmup_runs", "2"))):  # lazy kernel set-up before the first request
             self._classify(np.zeros((2, 3, self.cfg.crop, self.cfg.crop), np.float32))
@@ -80,4 +81,4 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self._counters.close()
-        self.session = None
+        self.session = self._precision_gauge = None

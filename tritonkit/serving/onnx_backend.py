@@ -54,7 +54,15 @@ import triton_python_backend_utils as pb_utils
 
 from tritonkit.errors import ConfigError
 from tritonkit.serving import packing
-from tritonkit.serving.backend_utils import error_response, index_limits, ort_metrics, pad_concat, param, usable_cpus
+from tritonkit.serving.backend_utils import (
+    announce_precision,
+    error_response,
+    index_limits,
+    ort_metrics,
+    pad_concat,
+    param,
+    usable_cpus,
+)
 from tritonkit.serving.batching import length_buckets
 from tritonkit.serving.runtimes import open_runner, static_shapes
 
@@ -83,12 +91,8 @@ class OnnxModel:
         except ConfigError as err:
             raise pb_utils.TritonModelException(str(err)) from None
         pb_utils.Logger.log_info(f"{self.name}: {self.session.describe()} (usable CPUs {usable_cpus()})")
-        # An INT8 model name serving the FP32 graph: say so wherever operators look. The config marks a fallback of
-        # every CPU class, the graph's metadata one made by this machine's build.
-        precision = param(self.config, "tritonkit_precision", "") or \
-            self.session.metadata.get("tritonkit_precision", "")
-        if precision:
-            pb_utils.Logger.log_warn(f"{self.name}: SERVING FP32 UNDER AN INT8 NAME: {precision}")
+        # An INT8 model name serving the FP32 graph: say so wherever operators look, and on the metrics port.
+        self._precision_gauge = announce_precision(pb_utils, self.config, self.name, self.session.metadata)
         # Ids past an embedding table fail inside session.run with an opaque message: check them up front.
         self.index_limits = index_limits(model_path)
 
@@ -334,7 +338,7 @@ class OnnxModel:
 
     def finalize(self) -> None:
         self._counters.close()
-        self.session = self.packed = None
+        self.session = self.packed = self._precision_gauge = None
 
 
 class OnnxRuntimeModel(OnnxModel):
