@@ -27,3 +27,20 @@ def test_the_served_int8_precision_follows_the_chosen_variant(monkeypatch):
         chosen, path, got = runtime_choice.served_int8(kind)
         assert (chosen, got) == (variant, precision)
         assert path.parent.parent.name == kind.INT8_MODEL and path.name.startswith("model.")
+
+
+def test_a_fresh_clone_reuses_the_committed_choices_whatever_its_files_bytes():
+    """A committed record is reused by what its files are built from (spec, packages, the class's recipe), not by
+    the files' bytes, which differ between CPUs (Lite0's FP32 export) and builds (its calibration): otherwise every
+    fresh clone on another machine re-times and rewrites models/<name>.runtime.json."""
+    from tritonkit import kinds
+    from tritonkit.repository.runtime_choice import load, source_digest
+
+    kind = kinds.get("text_embedding")
+    assert source_digest(kind, False, "vnni") == source_digest(kind, False, "avx2")  # FP32: no recipe in it
+    assert source_digest(kind, True, "vnni") != source_digest(kind, True, "avx2")  # each class's own recipe
+    for name in ("text_embedding", "image_classification"):
+        kind = kinds.get(name)
+        for cpu_class, entry in load(kind)["classes"].items():
+            for model, record in entry["models"].items():
+                assert record["source"] == source_digest(kind, model == kind.INT8_MODEL, cpu_class), (name, model)

@@ -221,15 +221,17 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def source_digest(kind, fp32_digest: str) -> str:
-    """What an INT8 file is built from: the FP32 file (its `_digest`), this class's committed served recipe and the
-    package versions.
-    Lite0's calibration (histograms over multi-threaded runs) differs in the last bits between builds, so a fresh
-    clone's INT8 file never hashes like the measured one although it serves the same."""
+def source_digest(kind, gated: bool, cpu_class: str) -> str:
+    """What a served file is built from, the same on every machine: the model's spec, the package versions and,
+    for the INT8 file, `cpu_class`'s committed served recipe. Not the files' bytes: Lite0's calibration (histograms over
+    multi-threaded runs) differs in the last bits between builds, and its FP32 export differs between CPUs (seen
+    on an AMD EPYC and an Intel Xeon, same packages), so a fresh clone's files never hash like the measured ones
+    although they serve the same."""
     from tritonkit.int8 import recipe
 
-    served = (recipe.load_recipes(kind) or {}).get("served", {})
-    blob = json.dumps([fp32_digest, served, envinfo.versions()], sort_keys=True, default=str)
+    entry = ((recipe.committed_recipes(kind) or {}).get("served") or {}).get(cpu_class) or {} if gated else {}
+    served = [entry.get("recipe"), entry.get("status")]
+    blob = json.dumps([kind.spec.file.read_text(), served, envinfo.versions()], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -305,13 +307,12 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
     files = {kind.FP32_MODEL: (fp32, False)}
     if int8 is not None and int8.exists():
         files[kind.INT8_MODEL] = (int8, True)
-    records, fp32_digest = dict(current.get("models", {})), _digest(fp32)
+    records = dict(current.get("models", {}))
     for model, (path, gated) in files.items():
         old, served = records.get(model), paths.rel(served_file(path))
-        digest = fp32_digest if path == fp32 else _digest(path)
-        source = source_digest(kind, fp32_digest) if gated else digest
+        digest, source = _digest(path), source_digest(kind, gated, cpu_class)
         if not force and reusable(old, digest, source, served, served_threads(kind, model)):
-            records[model] = {**old, "source": source}
+            records[model] = old
             log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
             continue
         log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}")
