@@ -44,3 +44,26 @@ def test_a_fresh_clone_reuses_the_committed_choices_whatever_its_files_bytes():
         for cpu_class, entry in load(kind)["classes"].items():
             for model, record in entry["models"].items():
                 assert record["source"] == source_digest(kind, model == kind.INT8_MODEL, cpu_class), (name, model)
+
+
+def test_exactness_is_measured_against_int32_arithmetic_of_the_same_file(tmp_path, monkeypatch):
+    """The guard a CPU without VNNI applies before serving an INT8 file on a runtime other than ONNX Runtime:
+    the worst row cosine to the file's exact int32 arithmetic. ONNX Runtime's served session (exact path on such
+    a class) meets it on the full-range Q/DQ MatMul; a graph with other weights does not."""
+    import numpy as np
+
+    from tests.serving.test_exact_int8 import _qdq_matmul
+    from tritonkit import envinfo
+    from tritonkit.repository.runtime_choice import EXACT_COSINE, ExactSession, worst_cosine
+    from tritonkit.serving import runtimes
+
+    monkeypatch.setattr(envinfo, "int8_class", lambda features=None: "avx2")
+    rng = np.random.default_rng(3)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    path, *_ = _qdq_matmul(tmp_path / "a", rng)
+    other, *_ = _qdq_matmul(tmp_path / "b", rng)
+    feeds = [{"x": rng.uniform(-6, 6, size=(16, 64)).astype(np.float32)} for _ in range(3)]
+    served = runtimes.open_variant("onnxruntime", path, 1)
+    assert worst_cosine(served, ExactSession(path), "y", feeds) >= EXACT_COSINE
+    assert worst_cosine(served, ExactSession(other), "y", feeds) < 0.9

@@ -217,6 +217,42 @@ def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[s
     return kind.gate_metrics(run(ref), run(got))
 
 
+# Without VNNI an INT8 file is served on a runtime only if it computes what exact int32 arithmetic of the file does:
+# float summation order moves an output row by ~1e-6 in cosine, saturating int16 pair sums by far more.
+EXACT_COSINE = 0.9999
+
+
+class ExactSession:
+    """A file in exact int32 arithmetic (tritonkit.int8.evaluate.session(exact=True)) behind the runners' `run`."""
+
+    def __init__(self, path: Path):
+        from tritonkit.int8.evaluate import session
+
+        self.session = session(path, exact=True)
+        self.inputs = {i.name for i in self.session.get_inputs()}
+
+    def run(self, names, feeds, *_):
+        return self.session.run(list(names), {k: v for k, v in feeds.items() if k in self.inputs})
+
+
+def worst_cosine(a, b, output: str, feeds: list[dict]) -> float:
+    """The lowest cosine between the rows two sessions (`run(names, feeds)`) give for the same feeds."""
+    worst = 1.0
+    for f in feeds:
+        x, y = (np.asarray(s.run([output], f)[0], np.float64) for s in (a, b))
+        x, y = x.reshape(len(x), -1), y.reshape(len(y), -1)
+        cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-30)
+        worst = min(worst, float(cos.min()))
+    return worst
+
+
+def exact_agreement(kind, path: Path, variant: str, threads: int) -> float:
+    """worst_cosine of `path` run as `variant` against its exact int32 arithmetic, on served-like batches."""
+    got = open_variant(variant, path, threads, kind.spec.serving.max_batch_size)
+    feeds = _feeds(kind, path, 8, variant)[:4] if path.name.endswith(".packed.onnx") else kind.eval_batches("test")[:2]
+    return worst_cosine(got, ExactSession(path), _output(kind), feeds)
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
@@ -280,6 +316,14 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
         metrics = accuracy(kind, file, fp32, variant, threads)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
         problems = missed(targets, metrics)
+        if gated and not envinfo.int8_sums_exact() and VARIANTS[variant][0] != DEFAULT:
+            # ONNX Runtime takes the exact path on this class (backend_utils.EXACT_INT8_ENTRY); another runtime
+            # must show it computes the same, since the recipe was proven in exact arithmetic.
+            exact = exact_agreement(kind, file, variant, threads)
+            record["accuracy"][variant]["exact_cosine_min"] = round(exact, 6)
+            if exact < EXACT_COSINE:
+                problems.append(f"INT8 arithmetic not exact on this CPU class: cosine min {exact:.6f} to exact "
+                                f"int32 (< {EXACT_COSINE})")
         if not problems:
             runtime = variant
             reasons.append(f"{variant} {gains[variant]:.2f}x; {'gates' if gated else 'FP32'} hold on it")
