@@ -13,6 +13,8 @@ from pathlib import Path
 GRAPH_PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "tokenizers", "pillow", "numpy")
 # /proc/cpuinfo flags that select onnxruntime's x86 INT8 kernels.
 INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile")
+# /proc/cpuinfo flags of native bf16 arithmetic (OpenVINO computes bf16 only with one of them).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def versions() -> dict[str, str]:
@@ -51,7 +53,7 @@ def int8_class(features: list[str] | None = None) -> str:
 @cache
 def has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (no runtime offers bf16 without it)."""
-    return bool(cpu_flags(wanted=("avx512_bf16", "amx_bf16")))
+    return bool(cpu_flags(wanted=BF16_FLAGS))
 
 
 @cache
