@@ -186,7 +186,7 @@ def _bf16_by_hand(path, x: np.ndarray) -> np.ndarray:
     for i, node in enumerate(gemms):
         w = weights[node.input[1]]
         w = w.T if any(a.name == "transB" and a.i for a in node.attribute) else w
-        h = (_bf16(h) @ _bf16(w) + torch.as_tensor(weights[node.input[2]]).double()).float()
+        h = (_bf16(h) @ _bf16(w) + torch.as_tensor(np.array(weights[node.input[2]])).double()).float()
         h = torch.relu(h) if i < len(gemms) - 1 else h
     return h.numpy()
 
