@@ -209,8 +209,9 @@ def test_the_emulated_floors_key_names_no_cpu_and_a_native_ones_does(tiny, monke
     spec, env = _spec(), envinfo.fingerprint()
     kinds = (("bf16", False), ("bf16", True), ("fp16", False))
     before = {(p, n): floor.key(spec, tiny, p, ("test",), n) for p, n in kinds}
-    monkeypatch.setattr(envinfo, "fingerprint", lambda: {**env, "cpu_int8_features": ["avx2"]})
-    monkeypatch.setattr(envinfo, "cpu_flags", lambda wanted=(): [])
+    # Flags no real CPU reports, so the faked CPU differs from this one whatever this one is.
+    monkeypatch.setattr(envinfo, "fingerprint", lambda: {**env, "cpu_int8_features": ["not_a_flag"]})
+    monkeypatch.setattr(envinfo, "cpu_flags", lambda wanted=(): ["not_a_flag"])
     after = {(p, n): floor.key(spec, tiny, p, ("test",), n) for p, n in before}
     assert after[("bf16", False)] == before[("bf16", False)]
     assert after[("bf16", True)] != before[("bf16", True)]
