@@ -16,6 +16,8 @@ from tritonkit.errors import CpuClassError
 GRAPH_PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers", "tokenizers", "pillow", "numpy")
 # /proc/cpuinfo flags that select onnxruntime's x86 INT8 kernels.
 INT8_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile")
+# /proc/cpuinfo flags of native bf16 arithmetic (OpenVINO computes bf16 only with one of them).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def versions() -> dict[str, str]:
@@ -68,7 +70,7 @@ def int8_sums_exact(features: list[str] | None = None) -> bool:
 def has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (no runtime offers bf16 without it). bf16 exists only on AVX-512
     CPUs, so a class faked as "avx2" or "generic" has none."""
-    return bool(cpu_flags(wanted=("avx512_bf16", "amx_bf16"))) and int8_class() in ("vnni", "avx512")
+    return bool(cpu_flags(wanted=BF16_FLAGS)) and int8_class() in ("vnni", "avx512")
 
 
 @cache

@@ -13,6 +13,8 @@ from typing import ClassVar
 import numpy as np
 import onnx
 import pytest
+import torch
+from onnx import helper, numpy_helper
 
 from tests.support.tiny_search import TinySpec, export_tiny
 from tritonkit import envinfo
@@ -104,14 +106,130 @@ def test_the_fp16_floor_is_the_graph_at_fp16(tiny):
     assert half["test"]["cosine_min"] < 1.0 - 1e-7  # fp16 is measurably not FP32 on the outlier channel
 
 
-def test_the_bf16_floor_is_coarser_than_fp16(tiny):
+def _bf16(a) -> torch.Tensor:
+    """torch's own round to nearest even to bf16, back in float64 (where sums of bf16 products lose nothing)."""
+    return torch.as_tensor(np.array(a)).to(torch.bfloat16).double()
+
+
+def _model(nodes, inputs, outputs, initializers) -> onnx.ModelProto:
+    tensors = [numpy_helper.from_array(v, k) for k, v in initializers.items()]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, tensors)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _run(model: onnx.ModelProto, **feeds) -> np.ndarray:
+    return evaluate.session(model).run(None, feeds)[0]
+
+
+def test_the_emulated_bf16_graph_computes_what_bf16_dot_products_with_fp32_sums_compute():
+    """Conv, Gemm and MatMul read bf16-rounded data and weights; biases are added unrounded, as oneDNN adds them to
+    the fp32 accumulator; the ReLU between them changes nothing (its output is rounded as the Gemm's input)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    w = {"wc": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+         "bc": rng.uniform(0.2, 0.4, 4).astype(np.float32),
+         "wm": rng.standard_normal((256, 10)).astype(np.float32) / 8,
+         "wg": rng.standard_normal((10, 5)).astype(np.float32),
+         "bg": rng.uniform(20, 40, 5).astype(np.float32)}  # bf16 would move these by up to 0.06
+    f = onnx.TensorProto.FLOAT
+    model = _model([helper.make_node("Conv", ["x", "wc", "bc"], ["c"], pads=[1, 1, 1, 1]),
+                    helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["flat"]),
+                    helper.make_node("MatMul", ["flat", "wm"], ["m"]),
+                    helper.make_node("Gemm", ["m", "wg", "bg"], ["y"])],
+                   [helper.make_tensor_value_info("x", f, [2, 3, 8, 8])],
+                   [helper.make_tensor_value_info("y", f, None)], w)
+    got = _run(floor.emulate_bf16(model), x=x)
+
+    conv = torch.nn.functional.conv2d(_bf16(x), _bf16(w["wc"]), torch.as_tensor(w["bc"]).double(), padding=1)
+    matmul = _bf16(torch.relu(conv).flatten(1).float()) @ _bf16(w["wm"])
+    product = _bf16(matmul.float()) @ _bf16(w["wg"])
+    expected = (product + torch.as_tensor(w["bg"]).double()).numpy()
+    fp32 = _run(model, x=x)
+    tolerance = 1e-5 * np.abs(expected).max()  # fp32 sums in another order
+    assert np.abs(got - expected).max() < tolerance
+    assert np.abs(fp32 - expected).max() > 30 * tolerance  # the rounding is there: FP32 is far off it
+    rounded_bias = (product + _bf16(w["bg"])).numpy()
+    assert np.abs(rounded_bias - expected).max() > 10 * tolerance  # a rounded bias would have been seen
+
+
+def test_emulating_every_activation_rounds_each_tensor_between_ops_up_to_the_last_bf16_op():
+    """With `activations`, every float tensor a node passes on is rounded except on the tail after the last MatMul
+    (OpenVINO's fp32 tail): here the Softmax reads the MatMul's rounded output and computes in fp32."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    w = {"w1": rng.standard_normal((16, 16)).astype(np.float32), "b": rng.uniform(0.2, 0.4, 16).astype(np.float32),
+         "w2": rng.standard_normal((16, 6)).astype(np.float32) / 4}
+    f = onnx.TensorProto.FLOAT
+    model = _model([helper.make_node("MatMul", ["x", "w1"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+                    helper.make_node("Tanh", ["a"], ["t"]), helper.make_node("MatMul", ["t", "w2"], ["l"]),
+                    helper.make_node("Softmax", ["l"], ["p"], axis=-1), helper.make_node("Mul", ["p", "p"], ["y"])],
+                   [helper.make_tensor_value_info("x", f, [3, 16])], [helper.make_tensor_value_info("y", f, None)], w)
+    got = _run(floor.emulate_bf16(model, activations=True), x=x)
+
+    def bf(t: torch.Tensor) -> torch.Tensor:
+        return _bf16(t.float())
+    m = bf(_bf16(x) @ _bf16(w["w1"]))
+    t = bf(torch.tanh(bf(m + torch.as_tensor(w["b"]).double())))
+    p = torch.softmax(bf(t @ _bf16(w["w2"])), -1)  # the tail: no rounding after the last MatMul's output
+    expected = (p * p).numpy()
+    only_ops = _run(floor.emulate_bf16(model), x=x)
+    tolerance = 1e-5 * np.abs(expected).max()
+    assert np.abs(got - expected).max() < tolerance
+    assert np.abs(only_ops - expected).max() > 10 * tolerance  # the activations' rounding is measurably there
+
+
+def _bf16_by_hand(path, x: np.ndarray) -> np.ndarray:
+    """The tiny Gemm/ReLU stack as bf16 dot products: data and weights rounded to bf16, biases and sums in fp32."""
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    gemms = [n for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm"]
+    h = torch.as_tensor(x)
+    for i, node in enumerate(gemms):
+        w = weights[node.input[1]]
+        w = w.T if any(a.name == "transB" and a.i for a in node.attribute) else w
+        h = (_bf16(h) @ _bf16(w) + torch.as_tensor(np.array(weights[node.input[2]])).double()).float()
+        h = torch.relu(h) if i < len(gemms) - 1 else h
+    return h.numpy()
+
+
+def test_a_cpu_without_native_bf16_measures_the_bf16_floor_by_emulation(tiny, monkeypatch):
+    monkeypatch.setattr(envinfo, "has_bf16", lambda: False)
+    spec = _spec()
+    assert "unavailable" in floor.measure(spec, tiny, "bf16", native=True)  # no runtime computes bf16 here
+    half = floor.measure(spec, tiny, "bf16")
+    assert "unavailable" not in half and "emulated" in half["how"]
+    ref = evaluate.run_batches(evaluate.session(tiny), spec.eval_batches("test"))
+    mine = np.concatenate([_bf16_by_hand(tiny, b["x"]) for b in spec.eval_batches("test")])
+    expected = spec.gate_metrics(ref, mine)
+    assert half["test"]["cosine_min"] == pytest.approx(expected["cosine_min"], abs=2e-6)
+    # 8 bits of mantissa against 11: bf16's worst row is further from FP32 than fp16's.
+    assert half["test"]["cosine_min"] < floor.measure(spec, tiny, "fp16")["test"]["cosine_min"]
+
+
+def test_the_emulated_floors_key_names_no_cpu_and_a_native_ones_does(tiny, monkeypatch):
+    spec, env = _spec(), envinfo.fingerprint()
+    kinds = (("bf16", False), ("bf16", True), ("fp16", False))
+    before = {(p, n): floor.key(spec, tiny, p, ("test",), n) for p, n in kinds}
+    # Flags no real CPU reports, so the faked CPU differs from this one whatever this one is.
+    monkeypatch.setattr(envinfo, "fingerprint", lambda: {**env, "cpu_int8_features": ["not_a_flag"]})
+    monkeypatch.setattr(envinfo, "cpu_flags", lambda wanted=(): ["not_a_flag"])
+    after = {(p, n): floor.key(spec, tiny, p, ("test",), n) for p, n in before}
+    assert after[("bf16", False)] == before[("bf16", False)]
+    assert after[("bf16", True)] != before[("bf16", True)]
+    assert after[("fp16", False)] != before[("fp16", False)]  # as committed: keyed by CPU INT8 flags too
+    assert floor.key(spec, tiny, "bf16", ("validation", "test")) != before[("bf16", False)]
+
+
+def test_the_emulated_bf16_floor_matches_openvinos_native_bf16_on_the_tiny_model(tiny):
+    """Where the CPU has bf16, the emulation and OpenVINO's bf16 agree within the slack the floor is used with."""
     if not envinfo.has_bf16():
         print(f"skipped: no native bf16 on this CPU ({envinfo.cpu_model()})")
-        pytest.skip("no native bf16 on this CPU: the served form has no floor here, absolute gates decide")
+        pytest.skip("no native bf16 on this CPU to compare the emulation with")
     spec = _spec()
-    bf16, fp16 = floor.measure(spec, tiny, "bf16"), floor.measure(spec, tiny, "fp16")
-    # 8 bits of mantissa against 11: bf16's worst row is further from FP32.
-    assert bf16["test"]["cosine_min"] < fp16["test"]["cosine_min"]
+    native, emulated = floor.measure(spec, tiny, "bf16", native=True), floor.measure(spec, tiny, "bf16")
+    assert "native bf16" in native["how"]
+    for split in ("validation", "test"):
+        for metric, slack in spec.FLOOR_SLACK.items():
+            assert abs(emulated[split][metric] - native[split][metric]) <= slack, (split, metric)
 
 
 def test_int8_within_the_slack_of_its_floor_passes_where_the_absolute_gate_cannot(tiny):

@@ -31,34 +31,19 @@ TEXT_SLACK = {"cosine_min": 0.005, "cosine_mean": 0.001, "top10_overlap": 0.03}
 TEXT_CATASTROPHE = {"cosine_min": 0.98, "cosine_mean": 0.995}
 
 
-class _Bf16:
-    """The FP32 graph on OpenVINO in bf16, called like an onnxruntime session."""
-
-    def __init__(self, fp32):
-        import openvino as ov
-
-        self.compiled = ov.Core().compile_model(str(fp32), "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
-        self.names = {p.get_any_name() for p in self.compiled.inputs}
-
-    def run(self, _names, feeds):
-        return [self.compiled({k: v for k, v in feeds.items() if k in self.names})[self.compiled.outputs[0]]]
-
-
 def _bf16(fp32):
-    """None where this CPU has no native bf16: no runtime computes it there, and the absolute gates stand."""
-    return _Bf16(fp32) if envinfo.has_bf16() else None
+    """The FP32 graph with bf16 rounding emulated (tritonkit.int8.floor.emulate_bf16, checked against torch's bf16
+    arithmetic in tests/int8/test_floor.py) on onnxruntime: the served form's floor on every CPU, as the build's."""
+    import onnx
 
+    from tritonkit.int8 import evaluate, floor
 
-def _recorded_floor(kind) -> dict:
-    from tritonkit.int8 import recipe
-
-    return ((recipe.load_recipes(kind) or {}).get("served", {}).get("floor") or {}).get("test", {})
+    return evaluate.session(floor.emulate_bf16(onnx.load(str(fp32))))
 
 
 def _bf16_outputs(fp32, x):
     sess = _bf16(fp32)
-    return None if sess is None else np.concatenate([sess.run(None, {"pixels": x[i : i + 64]})[0]
-                                                     for i in range(0, len(x), 64)])
+    return np.concatenate([sess.run(None, {"pixels": x[i : i + 64]})[0] for i in range(0, len(x), 64)])
 
 
 def _specs(kind: str) -> list:
@@ -118,8 +103,7 @@ def test_text_int8_meets_its_gates_on_the_test_split(name):
                 "top10_overlap": np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top_ref, top_got)])}
 
     got = metrics(kind.embed_onnx(kind.session(built.int8), texts))
-    half = _bf16(built.fp32)
-    floor = metrics(kind.embed_onnx(half, texts)) if half is not None else _recorded_floor(kind)
+    floor = metrics(kind.embed_onnx(_bf16(built.fp32), texts))
     for metric, slack in TEXT_SLACK.items():
         bound = max(min(kind.gate(metric), floor[metric] - slack) if metric in floor else kind.gate(metric),
                     TEXT_CATASTROPHE.get(metric, 0.0))
@@ -152,10 +136,7 @@ def test_image_int8_meets_its_gates_on_the_test_split(name):
                 "fp32_top1_in_int8_top5": np.mean([a in b for a, b in zip(ref_top[:, 0], got_top)])}
 
     got = metrics(run_onnx(kind.session(built.int8, threads=2), x))
-    half = _bf16_outputs(built.fp32, x)
-    # Without bf16 here, the FP32 graph's bf16 floor measured where the recipe was searched (an input to the rule,
-    # not the INT8 model under test).
-    floor = metrics(half) if half is not None else _recorded_floor(kind)
+    floor = metrics(_bf16_outputs(built.fp32, x))
     for metric, slack in SLACK.items():
         bound = min(kind.gate(metric), floor[metric] - slack) if metric in floor else kind.gate(metric)
         assert got[metric] >= bound - 1e-9, (metric, got[metric], "floor", floor.get(metric), "bound", bound)

@@ -3,8 +3,12 @@
 A gate that the FP32 graph run at half precision already fails measures the data (near-ties, narrow embedding cones),
 not quantization. So every INT8 form is judged beside its floor: the FP32 graph at the reduced precision that form
 competes with, on the same split, scored by the same metrics against FP32.
-- served (CPU) form: bf16, the precision CPU runtimes offer (OpenVINO's INFERENCE_PRECISION_HINT on a CPU with
-  native bf16; on a CPU without it no runtime computes bf16, so there is no floor and the absolute gates stand);
+- served (CPU) form: bf16, the precision CPU runtimes offer, on every CPU as onnxruntime's CPU provider running the
+  FP32 graph with bf16 rounding emulated where a bf16 runtime rounds (`emulate_bf16`: the inputs and weights of
+  MatMul / Gemm / Conv, as AVX512_BF16 and AMX compute them, products summed in fp32). One floor for every CPU class,
+  so a recipe's judgement does not depend on the CPU it was searched on; validated against OpenVINO's native bf16
+  (INFERENCE_PRECISION_HINT, `measure(..., native=True)`) on a CPU that has it (`python -m tritonkit.int8.floor
+  --compare-emulated`);
 - tensorrt form: fp16, the plan INT8 competes with on a GPU. Without a GPU here it is the graph converted to float16
   (weights and every activation between ops rounded to fp16, keep_io_types) run by onnxruntime's CPU provider, which
   computes ops it has no fp16 kernel for in fp32 between casts, as TensorRT's fp16 tactics accumulate in fp32.
@@ -51,7 +55,83 @@ class Unavailable(Exception):
     """This machine cannot compute the precision (the reason names what is missing)."""
 
 
-def _bf16_run(fp32: Path):
+# The ops a bf16 CPU runtime computes in bf16 (AVX512_BF16 dot products, AMX tiles; oneDNN under OpenVINO) and the
+# inputs it rounds: data and weights; a bias is added to the fp32 accumulator.
+BF16_OPS: Mapping[str, tuple[int, ...]] = {"MatMul": (0, 1), "Gemm": (0, 1), "Conv": (0, 1), "ConvTranspose": (0, 1)}
+
+
+def emulate_bf16(model, ops: Mapping[str, tuple[int, ...]] = BF16_OPS, activations: bool = False):
+    """A copy of an FP32 onnx ModelProto computing what a bf16 CPU runtime computes, on any CPU: each float input of
+    `ops` at the listed positions goes through Cast to BFLOAT16 and back (round to nearest even, as VCVTNEPS2BF16
+    and oneDNN's conversions do) and the op runs in fp32, where a product of two bf16 numbers is exact, so only the
+    order of the fp32 sums differs from the hardware's. `activations`: also round every float tensor passed between
+    ops, except on the graph's tail after the last of `ops` (OpenVINO stores activations in bf16 and keeps that tail
+    in fp32). Subgraphs (If, Loop) are left as they are."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+    types.update({t.name: t.data_type for t in graph.initializer})
+
+    def is_float(name: str) -> bool:
+        return bool(name) and types.get(name) == TensorProto.FLOAT
+
+    rounded: set[tuple[int, int]] = set()  # (node index, input position) that reads the rounded copy
+    for i, node in enumerate(graph.node):
+        rounded |= {(i, k) for k in ops.get(node.op_type, ()) if k < len(node.input) and is_float(node.input[k])}
+    if activations:
+        tail = _tail(graph, ops)
+        produced = {out for i, node in enumerate(graph.node) if i not in tail for out in node.output if is_float(out)}
+        rounded |= {(i, k) for i, node in enumerate(graph.node) for k, name in enumerate(node.input)
+                    if name in produced}
+    nodes, done = [], set()
+    for i, node in enumerate(graph.node):
+        for k in sorted(k for j, k in rounded if j == i):
+            name = node.input[k]
+            if name not in done:  # one rounded copy per tensor, made before its first reader
+                nodes += [helper.make_node("Cast", [name], [f"{name}__bf16"], name=f"{name}__to_bf16",
+                                           to=TensorProto.BFLOAT16),
+                          helper.make_node("Cast", [f"{name}__bf16"], [f"{name}__bf16r"], name=f"{name}__from_bf16",
+                                           to=TensorProto.FLOAT)]
+                done.add(name)
+            node.input[k] = f"{name}__bf16r"
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def _tail(graph, ops: Mapping[str, tuple[int, ...]]) -> set[int]:
+    """Indices of the nodes reached backwards from the graph's outputs without passing one of `ops`: the part
+    OpenVINO keeps in fp32 at bf16 precision, for accuracy."""
+    producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
+    stack = [producer[o.name] for o in graph.output if o.name in producer]
+    tail: set[int] = set()
+    while stack:
+        i = stack.pop()
+        if i in tail or graph.node[i].op_type in ops:
+            continue
+        tail.add(i)
+        stack += [producer[name] for name in graph.node[i].input if name in producer]
+    return tail
+
+
+def _bf16_emulated_run(fp32: Path):
+    import onnx
+
+    from tritonkit.int8.evaluate import run_batches, session
+
+    sess = session(emulate_bf16(onnx.load(str(fp32))))
+
+    def run(batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        return run_batches(sess, [batch])
+    return run
+
+
+def _bf16_native_run(fp32: Path):
     import openvino as ov
 
     if not envinfo.has_bf16():
@@ -87,60 +167,149 @@ def _fp16_run(fp32: Path):
     return run
 
 
-RUNNERS = {"bf16": _bf16_run, "fp16": _fp16_run}
+RUNNERS = {"bf16": _bf16_emulated_run, "fp16": _fp16_run}
+NATIVE = {"bf16": _bf16_native_run}  # the precision computed by a runtime on this CPU, where it can be
 
 
-def how(precision: str) -> str:
+def how(precision: str, native: bool = False) -> str:
     import onnxruntime
-    import openvino
 
-    return {"bf16": f"FP32 graph on OpenVINO {openvino.__version__}, INFERENCE_PRECISION_HINT=bf16",
+    if native:
+        import openvino
+
+        return (f"FP32 graph on OpenVINO {openvino.__version__}, INFERENCE_PRECISION_HINT=bf16, native bf16 "
+                f"({', '.join(envinfo.cpu_flags(wanted=envinfo.BF16_FLAGS))})")
+    return {"bf16": f"FP32 graph on onnxruntime {onnxruntime.__version__} CPU with bf16 rounding emulated at the "
+                    f"inputs and weights of {', '.join(BF16_OPS)} (Cast to bfloat16 and back), sums in fp32",
             "fp16": f"FP32 graph as TensorRT's FP16 build gets it (export.float16), "
                     f"onnxruntime {onnxruntime.__version__} CPU"
             }[precision]
 
 
+def key(kind, fp32: Path, precision: str, splits: Sequence[str], native: bool = False) -> str:
+    """A floor's key in the floors file: what its numbers depend on. The emulated bf16 floor is onnxruntime's CPU
+    provider on the graph, the same on every x86 class, so no CPU flags; a native one is this CPU's bf16 on
+    OpenVINO's version. (The fp16 key is as it was when those floors were committed.)"""
+    name, env = getattr(kind, "NAME", ""), envinfo.fingerprint()
+    if precision == "fp16":
+        parts: list = [precision, list(splits), env, name]
+    elif native:
+        import openvino
+
+        bf16 = envinfo.cpu_flags(wanted=envinfo.BF16_FLAGS)
+        env = {**env, "openvino": openvino.__version__, "cpu_bf16_features": bf16}
+        parts = [precision, "native", list(splits), env, name]
+    else:
+        parts = [precision, "emulated", sorted(BF16_OPS.items()), list(splits),
+                 {"packages": env["packages"], "machine": env["machine"]}, name]
+    return hashlib.sha256(Path(fp32).read_bytes() + json.dumps(parts).encode()).hexdigest()[:20]
+
+
 def record_path(kind) -> Path | None:
     """models/<name>.floors.json beside the spec: floors measured by builds, committed so that a fresh clone on the
-    same packages and CPU flags reuses them (None for a spec made in memory, e.g. by tests)."""
+    same packages (and, for a floor a runtime computes natively, CPU flags) reuses them (None for a spec made in
+    memory, e.g. by tests)."""
     file = getattr(getattr(kind, "spec", None), "file", None)
     return file.with_name(f"{kind.NAME}.floors.json") if file is not None else None
 
 
-def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test")) -> dict:
-    """{"precision", "how", split: metrics...} of the FP32 graph at `precision` against FP32 (onnxruntime), or
-    {"precision", "unavailable": why}. Keyed by graph bytes, precision, splits, CPU flags and package versions:
-    found in the spec's committed floors file, else measured and recorded there."""
-    key = hashlib.sha256(Path(fp32).read_bytes() + json.dumps(
-        [precision, list(splits), envinfo.fingerprint(), getattr(kind, "NAME", "")]).encode()).hexdigest()[:20]
-    record = record_path(kind)
-    recorded = json.loads(record.read_text()) if record is not None and record.exists() else {}
-    if key in recorded:
-        return recorded[key]["floor"]
-    out: dict = {"precision": precision}
-    try:
-        run = RUNNERS[precision](Path(fp32))
-    except Unavailable as err:
-        out["unavailable"] = str(err)
-        return out
-    out["how"] = how(precision)
+def score(kind, fp32: Path, run, splits: Sequence[str]) -> dict:
+    """{split: gate metrics} of `run` (a batch -> first output function) against the FP32 graph on onnxruntime."""
+    out = {}
     for split in splits:
         batches = kind.eval_batches(split)
         got = np.concatenate([run(b) for b in batches]).astype(np.float32)
         ref = reference(kind, fp32, split, batches)  # shared with the search's and the replay's gate checks
         out[split] = {k: round(float(v), 6) for k, v in kind.gate_metrics(ref, got).items()}
-    if record is not None:
+    return out
+
+
+def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test"), native: bool = False,
+            reuse: bool = True, record: bool = True) -> dict:
+    """{"precision", "how", split: metrics...} of the FP32 graph at `precision` against FP32 (onnxruntime), or
+    {"precision", "unavailable": why}. bf16 is emulated on onnxruntime unless `native` (OpenVINO, on a CPU with bf16).
+    Found in the spec's committed floors file under `key` (`reuse`), else measured and recorded there (`record`)."""
+    digest = key(kind, fp32, precision, splits, native)
+    file = record_path(kind)
+    recorded = json.loads(file.read_text()) if file is not None and file.exists() else {}
+    if reuse and digest in recorded:
+        return recorded[digest]["floor"]
+    out: dict = {"precision": precision}
+    runner = (NATIVE if native else RUNNERS).get(precision)
+    try:
+        if runner is None:
+            raise Unavailable(f"no runtime computes {precision} natively here")
+        run = runner(Path(fp32))
+    except Unavailable as err:
+        out["unavailable"] = str(err)
+        return out
+    out["how"] = how(precision, native)
+    out.update(score(kind, fp32, run, splits))
+    if file is not None and record:
         import datetime
 
-        recorded[key] = {"floor": out, "graph": paths.rel(Path(fp32)), "cpu": envinfo.cpu_model(),
-                         "cpu_int8_class": envinfo.int8_class(), "date": datetime.date.today().isoformat()}
-        record.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+        # Where it was measured is provenance; whether the CPU matters is in the key.
+        recorded[digest] = {"floor": out, "graph": paths.rel(Path(fp32)), "cpu": envinfo.cpu_model(),
+                            "cpu_int8_class": envinfo.int8_class(), "date": datetime.date.today().isoformat()}
+        file.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return out
 
 
 def split_floor(floor: Mapping | None, split: str) -> Mapping[str, float] | None:
     """One split's metrics of a `measure` result (None where the floor is unavailable)."""
     return None if not floor or "unavailable" in floor else floor.get(split)
+
+
+def compare_emulated(names: Sequence[str], activations: bool = False) -> int:
+    """Print, per model and split, the native bf16 floor (OpenVINO) beside the emulated one on every metric the
+    kind's floor slack covers (markdown); 1 when one differs by more than its slack, 2 without native bf16 here.
+    Both are measured afresh; the emulated floor is recorded, as a build would. `activations`: also the emulation
+    that rounds every activation between ops (not recorded), to show whether ops beyond BF16_OPS matter."""
+    import time
+
+    from tritonkit import kinds
+
+    if not envinfo.has_bf16():
+        print(f"no native bf16 on this CPU ({envinfo.cpu_model()}): nothing to validate the emulation against")
+        return 2
+    columns = ["native", "emulated"] + (["emulated, all activations"] if activations else [])
+    emulated = columns[1:]
+    print(f"| model | split | metric | {' | '.join(columns)} | {' | '.join(f'{c} − native' for c in emulated)} "
+          "| slack | emulated within |")
+    print("|---|---|---|" + "---:|" * (len(columns) + len(emulated) + 1) + "---|")
+    worst = 0.0
+    for name in names:
+        kind = kinds.get(name)
+        fp32 = paths.model_file(kind.FP32_MODEL)
+        floors, seconds = {}, {}
+        for column in columns:
+            start = time.perf_counter()
+            if column == "emulated, all activations":
+                import onnx
+
+                from tritonkit.int8.evaluate import run_batches, session
+
+                sess = session(emulate_bf16(onnx.load(str(fp32)), activations=True))
+                floors[column] = score(kind, fp32, lambda b, s=sess: run_batches(s, [b]), ("validation", "test"))
+            else:
+                floors[column] = measure(kind, fp32, "bf16", native=column == "native", reuse=False,
+                                         record=column != "native")
+                if "unavailable" in floors[column]:
+                    print(f"| {name} | {column}: {floors[column]['unavailable']} |")
+                    return 2
+            seconds[column] = time.perf_counter() - start
+        slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
+        for split in ("validation", "test"):
+            for metric in slack:
+                values = [floors[c][split][metric] for c in columns]
+                diffs = [v - values[0] for v in values[1:]]
+                worst = max(worst, abs(diffs[0]) / slack[metric])
+                print(f"| {name} | {split} | {metric} | " + " | ".join(f"{v:.4f}" for v in values + diffs)
+                      + f" | {slack[metric]} | {'yes' if abs(diffs[0]) <= slack[metric] else '**no**'} |")
+        print(f"| {name} | | seconds (both splits; the first includes the FP32 reference) | "
+              + " | ".join(f"{seconds[c]:.0f}" for c in columns) + " |" * (len(emulated) + 2) + " |")
+    print(f"\nlargest |emulated − native| as a share of its slack: {worst:.2f}")
+    return 0 if worst <= 1.0 else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,10 +321,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tritonkit.int8.floor", description=main.__doc__)
     parser.add_argument("names", nargs="*", help="model specs (default: every built one)")
+    parser.add_argument("--compare-emulated", action="store_true",
+                        help="on a CPU with native bf16: the emulated bf16 floor beside OpenVINO's native one, per "
+                             "metric, against the kind's floor slack (exit 1 when outside it)")
+    parser.add_argument("--activations", action="store_true",
+                        help="with --compare-emulated: also the emulation rounding every activation between ops")
     args = parser.parse_args(argv)
     names = args.names or [n for n in kinds.names() if paths.model_file(kinds.get(n).FP32_MODEL).exists()]
-    print(f"`python -m tritonkit.int8.floor {' '.join(args.names)}`".replace(" `", "`") + f", {datetime.date.today()}, "
-          f"{envinfo.cpu_model()}, CPU INT8 class {envinfo.int8_class()}\n")
+    flags = " --compare-emulated" * args.compare_emulated + " --activations" * args.activations
+    print(f"`python -m tritonkit.int8.floor{flags} {' '.join(args.names)}`".replace(" `", "`")
+          + f", {datetime.date.today()}, {envinfo.cpu_model()}, CPU INT8 class {envinfo.int8_class()}, "
+          f"bf16: {', '.join(envinfo.cpu_flags(wanted=envinfo.BF16_FLAGS)) or 'none'}\n")
+    if args.compare_emulated:
+        return compare_emulated(names, args.activations)
     print("| model | form | floor | split | metric: absolute gate / floor / gate judged against it |")
     print("|---|---|---|---|---|")
     for name in names:
@@ -168,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bounds = {t.metric: t.value for t in targets(kind, got)}
                 cells = "; ".join(f"{t.metric} {t.value} / {got[t.metric]:.4f} / {bounds[t.metric]:.4f}" if got
                                   else f"{t.metric} {t.value}" for t in kind.TARGETS)
-                print(f"| {name} | {form} | {half.get('unavailable') or precision} | {split} | {cells} |")
+                label = half.get("unavailable") or precision + (" emulated" if precision == "bf16" else "")
+                print(f"| {name} | {form} | {label} | {split} | {cells} |")
     return 0
 
 

@@ -244,8 +244,8 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     half = form_floor(kind, fp32, form)
     recorded = entry.get("floor") or {}
     if "unavailable" in half and "test" in recorded:
-        # The floor is the FP32 graph's, not this CPU's: where bf16 cannot run, the one measured where the recipe was
-        # searched stands, so a recipe that passed beside it is not failed here by gates no half precision meets.
+        # The floor is the FP32 graph's, not this CPU's: where it cannot be measured here (bf16 is emulated on every
+        # CPU; a converted graph may not load), the one recorded with the recipe stands rather than absolute gates.
         _log(f"{kind.NAME}: using the {recorded['precision']} floor recorded with the recipe ({half['unavailable']})")
         half = {**recorded, "recorded": f"measured where the recipe was searched; here: {half['unavailable']}"}
     targets = {split: floor.targets(kind, floor.split_floor(half, split)) for split in ("validation", "test")}
