@@ -205,7 +205,7 @@ def test_a_cpu_without_native_bf16_measures_the_bf16_floor_by_emulation(tiny, mo
     assert half["test"]["cosine_min"] < floor.measure(spec, tiny, "fp16")["test"]["cosine_min"]
 
 
-def test_the_emulated_floors_key_names_no_cpu_and_a_native_ones_does(tiny, monkeypatch):
+def test_emulated_and_fp16_floor_keys_name_no_cpu_and_a_native_ones_does(tiny, monkeypatch):
     spec, env = _spec(), envinfo.fingerprint()
     kinds = (("bf16", False), ("bf16", True), ("fp16", False))
     before = {(p, n): floor.key(spec, tiny, p, ("test",), n) for p, n in kinds}
@@ -215,7 +215,7 @@ def test_the_emulated_floors_key_names_no_cpu_and_a_native_ones_does(tiny, monke
     after = {(p, n): floor.key(spec, tiny, p, ("test",), n) for p, n in before}
     assert after[("bf16", False)] == before[("bf16", False)]
     assert after[("bf16", True)] != before[("bf16", True)]
-    assert after[("fp16", False)] != before[("fp16", False)]  # as committed: keyed by CPU INT8 flags too
+    assert after[("fp16", False)] == before[("fp16", False)]  # the converted graph on onnxruntime: no CPU either
     assert floor.key(spec, tiny, "bf16", ("validation", "test")) != before[("bf16", False)]
 
 
@@ -286,3 +286,23 @@ def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_p
     assert gate["test"] == pytest.approx(half["test"]["cosine_min"] - 0.002, abs=1e-6)
     page = pages.render_markdown(report)
     assert "floor val / test" in page and f"{half['test']['cosine_min']:.4f}" in page
+
+
+def test_a_committed_floor_stands_for_an_fp32_export_that_differs_in_its_last_bits(tmp_path):
+    """A fresh clone on another CPU exports Lite0's FP32 graph with other last bits: its committed floors (found by
+    what they are measured from, floor.source) are reused, nothing is measured and the floors file is not
+    rewritten."""
+    import json
+
+    from tritonkit import kinds
+    from tritonkit.int8 import floor as floor_module
+
+    for name in ("text_embedding", "image_classification"):
+        kind = kinds.get(name)
+        committed = floor_module.record_path(kind).read_text()
+        records = {r["floor"]["precision"]: r["floor"] for r in json.loads(committed).values()}
+        other = tmp_path / f"{name}.onnx"
+        other.write_bytes(b"an FP32 export whose bytes are not the measured graph's")
+        for precision in ("bf16", "fp16"):
+            assert floor_module.measure(kind, other, precision) == records[precision]
+        assert floor_module.record_path(kind).read_text() == committed

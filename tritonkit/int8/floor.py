@@ -189,10 +189,10 @@ def how(precision: str, native: bool = False) -> str:
 def key(kind, fp32: Path, precision: str, splits: Sequence[str], native: bool = False) -> str:
     """A floor's key in the floors file: what its numbers depend on. The emulated bf16 floor is onnxruntime's CPU
     provider on the graph, the same on every x86 class, so no CPU flags; a native one is this CPU's bf16 on
-    OpenVINO's version. (The fp16 key is as it was when those floors were committed.)"""
+    OpenVINO's version."""
     name, env = getattr(kind, "NAME", ""), envinfo.fingerprint()
-    if precision == "fp16":
-        parts: list = [precision, list(splits), env, name]
+    if precision == "fp16":  # onnxruntime's CPU provider on the converted graph: the same on every x86 class
+        parts: list = [precision, list(splits), {"packages": env["packages"], "machine": env["machine"]}, name]
     elif native:
         import openvino
 
@@ -203,6 +203,18 @@ def key(kind, fp32: Path, precision: str, splits: Sequence[str], native: bool = 
         parts = [precision, "emulated", sorted(BF16_OPS.items()), list(splits),
                  {"packages": env["packages"], "machine": env["machine"]}, name]
     return hashlib.sha256(Path(fp32).read_bytes() + json.dumps(parts).encode()).hexdigest()[:20]
+
+
+def source(kind, precision: str, splits: Sequence[str], native: bool = False) -> str | None:
+    """What a CPU-independent floor is measured from, the same on every machine: the model's spec, the packages,
+    precision and splits (None for a native floor, or a spec made in memory). A record found by it stands for a
+    fresh clone whose FP32 export differs in the last bits (Lite0's does between an AMD EPYC and an Intel Xeon)."""
+    file = getattr(getattr(kind, "spec", None), "file", None)
+    if native or file is None:
+        return None
+    env = envinfo.fingerprint()
+    parts = [precision, list(splits), file.read_text(), env["packages"], env["machine"], getattr(kind, "NAME", "")]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 
 def record_path(kind) -> Path | None:
@@ -232,8 +244,13 @@ def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validati
     digest = key(kind, fp32, precision, splits, native)
     file = record_path(kind)
     recorded = json.loads(file.read_text()) if file is not None and file.exists() else {}
+    origin = source(kind, precision, splits, native)
     if reuse and digest in recorded:
         return recorded[digest]["floor"]
+    if reuse and origin is not None:
+        found = next((r for r in recorded.values() if r.get("source") == origin), None)
+        if found is not None:
+            return found["floor"]
     out: dict = {"precision": precision}
     runner = (NATIVE if native else RUNNERS).get(precision)
     try:
@@ -250,7 +267,8 @@ def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validati
 
         # Where it was measured is provenance; whether the CPU matters is in the key.
         recorded[digest] = {"floor": out, "graph": paths.rel(Path(fp32)), "cpu": envinfo.cpu_model(),
-                            "cpu_int8_class": envinfo.int8_class(), "date": datetime.date.today().isoformat()}
+                            "cpu_int8_class": envinfo.int8_class(), "date": datetime.date.today().isoformat(),
+                            **({"source": origin} if origin else {})}
         file.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
     return out
 
