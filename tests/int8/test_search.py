@@ -338,18 +338,6 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     assert share == pytest.approx(1 - expected[0] / sum(expected))
 
 
-def test_docs_keep_the_last_documented_search_of_a_replayed_model():
-    from tritonkit.int8.recipe import _search_sections
-
-    page = ("# INT8 results\n\n## m INT8 (served form): PASSED\n\nrecipe\n\n"
-            "## Search (10.0 s on the validation split)\n| step |\n\n"
-            "## m INT8 (tensorrt form): FP32-FALLBACK\n\n_Search log of an earlier run (kept):_\n\n"
-            "## Search (5.0 s on the validation split)\nsteps\n")
-    sections = _search_sections(page)
-    assert sections[("m", "served")] == "## Search (10.0 s on the validation split)\n| step |\n"
-    assert sections[("m", "tensorrt")] == "## Search (5.0 s on the validation split)\nsteps\n"
-
-
 def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
     """An all-ops Q/DQ graph's float depthwise conv reads a DequantizeLinear and reaches a QuantizeLinear through a
     Clip: onnxruntime's WeightBiasQuantization would give its weights one int8 scale at session load, undoing the
