@@ -12,7 +12,8 @@ from tritonkit import paths
 PACKAGE = paths.ROOT / "tritonkit"
 MAX_TOP_LEVEL_MODULES = 12
 # What stub-side code may import besides tritonkit.serving: no build, quantization, repository or perf code in a stub.
-STUB_IMPORTS = {"tritonkit.errors", "tritonkit.paths"}
+# envinfo (stdlib and errors only): a stub reads the CPU class of the node it runs on (its INT8 session's exact path).
+STUB_IMPORTS = {"tritonkit.errors", "tritonkit.paths", "tritonkit.envinfo"}
 # The units of tritonkit (a package under tritonkit/, or a top-level module), from the bottom up: a unit imports
 # units of lower layers only, never one of its own layer or above. A new unit must be placed here.
 LAYERS = (
@@ -153,7 +154,7 @@ def test_at_most_twelve_top_level_modules():
 
 
 def test_stub_code_imports_only_stub_side_modules():
-    """serving/ imports nothing of ours but serving/, errors and paths."""
+    """serving/ imports nothing of ours but serving/, errors, paths and envinfo."""
     assert stub_leaks(import_graph()) == {}
 
 
