@@ -191,8 +191,8 @@ def _uv() -> list[str]:
     raise PeerUnavailable("uv is not installed (pip install uv); it creates the peer virtualenvs")
 
 
-def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
         raise PeerUnavailable(f"{what} failed:\n{tail}")
@@ -207,10 +207,11 @@ def write_lock(name: str, progress: Callable[[str], None] = print) -> Path:
         requirements, excludes = Path(tmp) / f"{name}.in", Path(tmp) / "excludes.txt"
         requirements.write_text("".join(f"{r}\n" for r in (*env.requirements, project_torch())))
         excludes.write_text("".join(f"{e}\n" for e in env.excludes))
-        _run([*_uv(), "pip", "compile", str(requirements), "--output-file", str(env.lock), "--generate-hashes",
-              "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36", "--quiet",
+        # Run where the input lies, named relatively: the lock's "via" comments then name no temporary path.
+        _run([*_uv(), "pip", "compile", requirements.name, "--output-file", str(env.lock.resolve()),
+              "--generate-hashes", "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36", "--quiet",
               "--custom-compile-command", f"python -m tritonkit.perf.peers lock {name}", *_links_args(),
-              *(["--excludes", str(excludes)] if env.excludes else [])], f"{name}: locking")
+              *(["--excludes", str(excludes)] if env.excludes else [])], f"{name}: locking", cwd=Path(tmp))
     progress(f"[peers] wrote {paths.rel(env.lock)}")
     return env.lock
 
