@@ -69,7 +69,8 @@ def test_gptq_has_lower_output_error_than_nearest_on_the_data_it_measured():
     # Correlated inputs with unequal scales: where compensating one column's error in the others pays off.
     x = rng.standard_normal((4096, 48)) @ rng.standard_normal((48, 48)) * rng.uniform(0.1, 3.0, 48)
     w = rng.standard_normal((24, 48))
-    q, kept = gptq(w[None], (x.T @ x / len(x))[None])
+    codes, scale, kept = gptq(w[None], (x.T @ x / len(x))[None])
+    q = codes * scale[:, :, None]
     near = _nearest(w)
     assert kept.all()
     assert np.allclose(np.abs(q[0] / (np.abs(w).max(1, keepdims=True) / QMAX)).max(1), QMAX)

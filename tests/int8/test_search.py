@@ -86,13 +86,13 @@ def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
     calls: list[tuple] = []
     from tritonkit.int8 import calibration
 
-    original = calibration.calibrate
+    original = calibration.collect
 
-    def counting(prepared, recipe, *args, **kwargs):
-        calls.append((recipe.calibrate_method, recipe.smooth_alpha))
-        return original(prepared, recipe, *args, **kwargs)
+    def counting(graph, *args, **kwargs):
+        calls.append(graph)
+        return original(graph, *args, **kwargs)
 
-    monkeypatch.setattr(calibration, "calibrate", counting)
+    monkeypatch.setattr(calibration, "collect", counting)
     workspace = search.Workspace()
     try:
         first = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
@@ -103,6 +103,10 @@ def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
         assert Path(workspace.tmp.name).exists(), "a search closed the workspace it was lent"
     finally:
         workspace.close()
+    # One calibration pass per calibrated graph, whatever number of methods the variants tried on it.
+    methods = {s.recipe.split("-")[2] for s in first.steps if s.recipe}
+    assert len(methods) > 1, methods
+    assert len(set(calls)) == len(calls), "a graph was calibrated twice"
     assert after_first >= 1 and len(calls) == after_first, "the second search calibrated again"
     assert second.recipe == first.recipe
 
@@ -113,13 +117,13 @@ def test_both_placements_share_one_calibration(tiny, monkeypatch):
     calls: list[Path] = []
     from tritonkit.int8 import calibration
 
-    original = calibration.calibrate
+    original = calibration.collect
 
-    def counting(prepared, *args, **kwargs):
-        calls.append(prepared.base)
-        return original(prepared, *args, **kwargs)
+    def counting(graph, *args, **kwargs):
+        calls.append(graph)
+        return original(graph, *args, **kwargs)
 
-    monkeypatch.setattr(calibration, "calibrate", counting)
+    monkeypatch.setattr(calibration, "collect", counting)
     s = search.Search(TinySpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
     s.start()
     assert len(s.ws.prepared) == 2 and len(calls) == 1, calls

@@ -1,71 +1,152 @@
-"""Calibration: activation ranges of every quantizable tensor of a prepared graph over real batches
-(onnxruntime's calibrators), computed once per graph and calibration method and shared by every exclusion set
-and both activation forms."""
+"""Calibration: activation ranges of every quantizable tensor of a prepared graph over real batches.
+
+One pass over the calibration batches per graph collects what every calibration method needs of every tensor
+(`Statistics`: each batch's min and max, and the histograms of onnxruntime's percentile and entropy collectors);
+each method's ranges are then computed from it in memory (`Statistics.ranges`). onnxruntime's calibrators run the
+graph once per method; the graph run is most of a calibration's time, so a search that tries three methods on a
+graph calibrates it once, not three times. The tensors, the graph's arithmetic (unoptimised, as onnxruntime's
+calibrators run it), the histogram bookkeeping (onnxruntime's own HistogramCollector, fed the same chunks) and so the
+ranges are onnxruntime's: tests/int8/test_calibration.py compares them with its calibrators."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import contextlib
+import io
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from onnxruntime.quantization import CalibrationDataReader
+import numpy as np
 
 from tritonkit.errors import QuantizationError
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.int8.tensors import Feeds
 from tritonkit.int8.transforms import Prepared
 
-
-class BatchReader(CalibrationDataReader):
-    """onnxruntime CalibrationDataReader over a callable of real feed batches, with a tqdm progress bar."""
-
-    def __init__(
-        self,
-        batches: Callable[[], Iterable[Feeds]],
-        total: int | None = None,
-        desc: str = "calibrate",
-        input_names: list[str] | None = None,
-        progress: bool = True,
-    ):
-        from tqdm import tqdm
-
-        self._make = batches
-        self._iter: Iterator[Feeds] | None = None
-        self._bar = tqdm(total=total, desc=desc, unit="batch", disable=not progress)
-        self._input_names = input_names
-        self._count = 0
-
-    def get_next(self) -> Feeds | None:
-        if self._iter is None:
-            self._iter = iter(self._make())
-        if self._bar.total is not None and self._count >= self._bar.total:
-            self._bar.close()
-            return None
-        feeds = next(self._iter, None)
-        if feeds is None:
-            self._bar.close()
-            return None
-        self._count += 1
-        self._bar.update(1)
-        if self._input_names is not None:
-            feeds = {k: v for k, v in feeds.items() if k in self._input_names}
-        return feeds
-
-    def rewind(self) -> None:
-        self._iter, self._count = None, 0
+# Histogram methods: how onnxruntime's create_calibrator collects each by default (symmetric percentile histograms
+# of |x| in 2048 bins; entropy and distribution histograms of x in 128 and 2048 bins).
+HISTOGRAMS = {"percentile": dict(symmetric=True, num_bins=2048),
+              "entropy": dict(symmetric=False, num_bins=128, num_quantized_bins=128),
+              "distribution": dict(symmetric=False, num_bins=2048)}
+METHODS = ("minmax", *HISTOGRAMS)
+# Recipe extra_options that change how ranges are computed, not what is collected.
+_RANGE_OPTIONS = {"CalibPercentile", "CalibMovingAverage"}
+HISTOGRAM_CHUNK = 4  # calibration batches per histogram update, as the search has always fed onnxruntime's
+# Graphs up to this size calibrate with onnxruntime's CPU arena (about twice as fast, the same ranges); a larger
+# encoder's unoptimised graph would hold gigabytes per batch shape in it.
+ARENA_MAX_BYTES = 256 * 2**20
 
 
-def _method(name: str):
-    from onnxruntime.quantization import CalibrationMethod
+@dataclass
+class Statistics:
+    """What every calibration method needs of every calibrated tensor of one graph, from one pass."""
 
-    methods = {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-        "percentile": CalibrationMethod.Percentile,
-        "distribution": CalibrationMethod.Distribution,
-    }
-    if name not in methods:
-        raise QuantizationError(f"unknown calibrate_method '{name}' (known: {', '.join(methods)})")
-    return methods[name]
+    minima: dict[str, list[np.ndarray]] = field(default_factory=dict)  # tensor -> each batch's min, shape [1]
+    maxima: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    histograms: dict[str, object] = field(default_factory=dict)  # method -> onnxruntime HistogramCollector
+    batches: int = 0
+
+    def ranges(self, method: str, extra_options: dict | None = None):
+        """onnxruntime TensorsData of `method` ("minmax", "percentile", "entropy", "distribution")."""
+        from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+
+        options = extra_options or {}
+        unknown = sorted(k for k in options if k.startswith("Calib") and k not in _RANGE_OPTIONS)
+        if unknown:
+            raise QuantizationError(f"calibration extra_options {unknown} are not supported (known: "
+                                    f"{', '.join(sorted(_RANGE_OPTIONS))})")
+        if method == "minmax":
+            # onnxruntime's MinMax calibrator: per-batch ReduceMin/ReduceMax, then the min (or mean) over batches.
+            pick = (np.nanmean, np.nanmean) if options.get("CalibMovingAverage") else (np.nanmin, np.nanmax)
+            return TensorsData(CalibrationMethod.MinMax, {
+                name: (pick[0](self.minima[name], axis=0), pick[1](self.maxima[name], axis=0)) for name in self.minima})
+        if method not in self.histograms:
+            raise QuantizationError(f"calibrate_method '{method}' was not collected (collected: minmax, "
+                                    f"{', '.join(self.histograms)}); known: {', '.join(METHODS)}")
+        collector = self.histograms[method]
+        if method == "percentile":
+            collector.percentile = options.get("CalibPercentile", 99.999)
+        with contextlib.redirect_stdout(io.StringIO()):  # onnxruntime prints per call
+            result = collector.compute_collection_result()
+        return TensorsData(getattr(CalibrationMethod, method.capitalize()), result)
+
+
+def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: Path,
+            methods: Sequence[str] = ("minmax",), max_batches: int | None = None, progress: bool = True,
+            desc: str = "calibrate") -> Statistics:
+    """One pass of `graph_path` over the calibration batches, collecting `methods`' statistics (minmax always)."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization.calibrate import HistogramCalibrater, HistogramCollector, MinMaxCalibrater
+    from tqdm import tqdm
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise QuantizationError(f"unknown calibrate_method {unknown} (known: {', '.join(METHODS)})")
+    histograms = [m for m in methods if m in HISTOGRAMS]
+    # onnxruntime's own augmentation: the MinMax one (reductions in the graph: little memory) when no histogram is
+    # wanted, else the histogram one (every calibrated tensor is an output).
+    calibrator = (HistogramCalibrater if histograms else MinMaxCalibrater)(
+        Path(graph_path), all_op_types(), augmented_model_path=str(Path(workdir) / "augmented.onnx"))
+    calibrator.augment_graph()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as onnxruntime's calibrators
+    options.enable_cpu_mem_arena = Path(graph_path).stat().st_size <= ARENA_MAX_BYTES
+    session = ort.InferenceSession(calibrator.augmented_model_path, sess_options=options,
+                                   providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    graph_inputs = [i.name for i in onnx.load(str(graph_path), load_external_data=False).graph.input]
+    stats = Statistics()
+    if histograms:
+        stats.histograms = {m: HistogramCollector(method=m, percentile=99.999, scenario="same",
+                                                  **{"num_quantized_bins": 128, **HISTOGRAMS[m]}) for m in histograms}
+        tensors = calibrator.tensors_to_calibrate
+    else:  # ReduceMin/ReduceMax output pairs, named <tensor>_ReduceMin / <tensor>_ReduceMax
+        pairs = [(outputs[i].rpartition("_")[0], i) for i in range(calibrator.num_model_outputs, len(outputs), 2)]
+    del calibrator
+    chunk: list[dict[str, np.ndarray]] = []
+    bar = tqdm(total=max_batches, desc=desc, unit="batch", disable=not progress)
+    for feeds in _limited(batches(), max_batches):
+        got = session.run(None, {k: v for k, v in feeds.items() if k in graph_inputs})
+        stats.batches += 1
+        bar.update(1)
+        if not histograms:
+            for name, i in pairs:
+                stats.minima.setdefault(name, []).append(got[i])
+                stats.maxima.setdefault(name, []).append(got[i + 1])
+            continue
+        # A graph output that is also an input comes back as the feed's own buffer (onnxruntime issue 21922).
+        values = {n: (v.copy() if n in inputs else v) for n, v in zip(outputs, got) if n in tensors}
+        for name, v in values.items():
+            stats.minima.setdefault(name, []).append(np.array([np.nanmin(v)], v.dtype))
+            stats.maxima.setdefault(name, []).append(np.array([np.nanmax(v)], v.dtype))
+        chunk.append(values)
+        if len(chunk) == HISTOGRAM_CHUNK:
+            _update(stats, chunk)
+            chunk = []
+    bar.close()
+    if chunk:
+        _update(stats, chunk)
+    if not stats.batches:
+        raise QuantizationError("calibration: the calibration data yielded no batch")
+    return stats
+
+
+def _update(stats: Statistics, chunk: list[dict[str, np.ndarray]]) -> None:
+    """Feed one chunk of batches to every histogram collector, as onnxruntime's calibrator feeds one collect_data
+    call (each tensor's arrays of the chunk together)."""
+    merged = {name: [values[name] for values in chunk] for name in chunk[0]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for collector in stats.histograms.values():
+            collector.collect(merged)
+
+
+def _limited(it: Iterable[Feeds], n: int | None) -> Iterator[Feeds]:
+    for i, feeds in enumerate(it):
+        if n is not None and i >= n:
+            return
+        yield feeds
 
 
 def calibrate(
@@ -79,40 +160,15 @@ def calibrate(
     """Activation ranges (onnxruntime TensorsData) of every quantizable tensor: one calibration serves any
     exclusion set and both activation forms, so a search quantizes many times per calibration. The graph before
     input isolation is calibrated (an isolated copy's range is its source's), so both placements can share it."""
-    import onnx
-    from onnxruntime.quantization.calibrate import create_calibrator
+    return with_isolated_copies(base_ranges(prepared, recipe, batches, workdir, total_batches, progress), prepared)
 
-    graph_path = prepared.base or prepared.path
-    input_names = [i.name for i in onnx.load(str(graph_path), load_external_data=False).graph.input]
-    reader = BatchReader(batches, total=recipe.calibration_batches or total_batches,
-                         desc=f"calibrate {recipe.name}", input_names=input_names, progress=progress)
-    keys = {"CalibPercentile": "percentile", "CalibMovingAverage": "moving_average",
-            "CalibMaxIntermediateOutputs": "max_intermediate_outputs"}
-    options = {key: recipe.extra_options[name] for name, key in keys.items() if name in recipe.extra_options}
-    calibrator = create_calibrator(
-        Path(graph_path),
-        all_op_types(),
-        augmented_model_path=str(Path(workdir) / f"augmented-{recipe.calibrate_method}.onnx"),
-        calibrate_method=_method(recipe.calibrate_method),
-        providers=["CPUExecutionProvider"],
-        extra_options=options,
-    )
-    if Path(graph_path).stat().st_size > ARENA_MAX_BYTES:
-        _without_arena(calibrator)
-    if recipe.calibrate_method == "minmax":
-        calibrator.collect_data(reader)
-    else:
-        # Histogram calibrators keep every batch's activations until collect_data returns: feed a few at a time
-        # (the histograms merge across calls) so memory stays at a few batches, not the whole calibration set.
-        while True:
-            chunk = [f for f in (reader.get_next() for _ in range(HISTOGRAM_CHUNK)) if f is not None]
-            if chunk:
-                calibrator.collect_data(_ListReader(chunk))
-            if len(chunk) < HISTOGRAM_CHUNK:
-                break
-    ranges = calibrator.compute_data()
-    del calibrator
-    return with_isolated_copies(ranges, prepared)
+
+def base_ranges(prepared: Prepared, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]], workdir: Path,
+                total_batches: int | None = None, progress: bool = True):
+    """The ranges of the graph before input isolation (what tritonkit.int8.params stores)."""
+    stats = collect(prepared.base or prepared.path, batches, workdir, (recipe.calibrate_method,),
+                    recipe.calibration_batches or total_batches, progress, desc=f"calibrate {recipe.name}")
+    return stats.ranges(recipe.calibrate_method, recipe.extra_options)
 
 
 def with_isolated_copies(ranges, prepared: Prepared):
@@ -123,34 +179,6 @@ def with_isolated_copies(ranges, prepared: Prepared):
     if not copies:
         return ranges
     return TensorsData(ranges.calibration_method, {**ranges.data, **copies})
-
-
-# Graphs up to this size calibrate with onnxruntime's CPU arena (about twice as fast, the same ranges); a larger
-# encoder's unoptimised graph would hold gigabytes per batch shape in it.
-ARENA_MAX_BYTES = 256 * 2**20
-
-
-def _without_arena(calibrator) -> None:
-    """The calibrator's session without ORT's CPU arena, which keeps its peak for every new batch shape; the
-    unoptimised calibration graph of a large encoder peaks at gigabytes per shape."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as the calibrator's own
-    options.enable_cpu_mem_arena = False
-    calibrator.infer_session = ort.InferenceSession(calibrator.augmented_model_path, sess_options=options,
-                                                    providers=["CPUExecutionProvider"])
-
-
-HISTOGRAM_CHUNK = 4  # calibration batches per histogram-collection pass
-
-
-class _ListReader(CalibrationDataReader):
-    def __init__(self, batches: list):
-        self.batches = iter(batches)
-
-    def get_next(self):
-        return next(self.batches, None)
 
 
 def all_op_types() -> list[str]:

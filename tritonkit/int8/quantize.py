@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tritonkit.errors import QuantizationError
-from tritonkit.int8.calibration import all_op_types, calibrate
+from tritonkit.int8.calibration import all_op_types, base_ranges, with_isolated_copies
 from tritonkit.int8.checks import check_qdq
+from tritonkit.int8.params import QuantParams
 from tritonkit.int8.settings import ACTIVATION_TYPES, QuantRecipe, resolve_excluded
 from tritonkit.int8.tensors import Feeds
 from tritonkit.int8.transforms import Prepared, prepare
@@ -188,12 +189,25 @@ def quantize(
     progress: bool = True,
 ) -> Path:
     """Static Q/DQ INT8 of `model_path` calibrated on `batches()`; returns `out_path` (checked by check_qdq)."""
+    quantize_with_params(model_path, out_path, recipe, batches, total_batches, progress)
+    return Path(out_path)
+
+
+def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]],
+                         total_batches: int | None = None, progress: bool = True, given: QuantParams | None = None,
+                         recipe_digest: str = "") -> QuantParams:
+    """`quantize`, from `given` parameters (no calibration data is read) or calibrating; returns the parameters
+    used, which rebuild the same graph bytes (tritonkit.int8.params)."""
     import onnx
+
+    from tritonkit.int8 import params
 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-quant-") as tmp:
-        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches)
-        ranges = calibrate(prepared, recipe, batches, Path(tmp), total_batches, progress)
-        onnx.save(quantize_prepared(prepared, ranges, recipe), str(out_path))
-    return out_path
+        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches, given)
+        ranges = given.tensors_data() if given is not None else \
+            base_ranges(prepared, recipe, batches, Path(tmp), total_batches, progress)
+        onnx.save(quantize_prepared(prepared, with_isolated_copies(ranges, prepared), recipe), str(out_path))
+        return params.capture(prepared, ranges, recipe.calibrate_method, params.file_digest(model_path),
+                              recipe_digest)

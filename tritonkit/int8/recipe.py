@@ -38,6 +38,30 @@ def recipe_path(kind) -> Path:
     return (Path(file).parent if file else RECIPES) / f"{kind.NAME}.int8.json"
 
 
+def params_path(kind, form: str, entry: dict, where: Path | None = None) -> Path:
+    """Where the quantization parameters of a form's recipe live (tritonkit.int8.params): beside the recipe, one
+    file per served CPU class (the recipes differ per class) and one for the TensorRT form."""
+    cls = f"-{entry.get('borrowed_from') or entry.get('class') or envinfo.int8_class()}" if form == "served" else ""
+    return (where or recipe_path(kind).parent) / f"{kind.NAME}.int8.{form}{cls}.npz"
+
+
+def quant_params(kind, form: str, entry: dict, fp32: Path):
+    """(parameters, why not, file): the committed parameters of `entry`'s recipe when they were computed from this
+    FP32 graph and recipe, else those this machine saved at an earlier build; (None, why, None) without either."""
+    from tritonkit.int8.params import QuantParams, file_digest
+
+    source, digest, why = file_digest(fp32), recipe_digest(entry["recipe"]), "no quantization parameters"
+    for path in (params_path(kind, form, entry), params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params")):
+        if path.exists():
+            params = QuantParams.load(path)
+            reason = params.mismatch(source, digest)
+            if reason is None:
+                _log(f"{kind.NAME}: {form} INT8 from the quantization parameters {paths.rel(path)} (no calibration)")
+                return params, None, path
+            why = f"{paths.rel(path)} does not apply: {reason}"
+    return None, why, None
+
+
 def report_path(kind, form: str = "served") -> Path:
     return REPORTS / f"{kind.NAME}_int8{'' if form == 'served' else '_trt'}.json"
 
@@ -96,10 +120,16 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 continue
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
             half = form_floor(kind, fp32, form)
-            result = Search(kind, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
-                            log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
-                            speed_variants=speed_variants).run()
+            searcher = Search(kind, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
+                              log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
+                              speed_variants=speed_variants)
+            result = searcher.run()
             full[form] = result.to_json()
+            if result.recipe is not None:  # committed beside the recipe: replays then skip calibration
+                found = asdict(result.recipe)
+                saved = searcher.quant_params(result.recipe, recipe_digest(found)).save(
+                    params_path(kind, form, {"class": cpu}))
+                _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
             entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
                 "status": "passed" if result.passed else FALLBACK,
@@ -233,7 +263,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
            speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
-    from tritonkit.int8.quantize import quantize
+    from tritonkit.int8.quantize import quantize_with_params
 
     entry = data[form]
     report: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -274,8 +304,14 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     quant = recipe.to_quant(kind.WEIGHT_OPS, name=f"{kind.NAME}-{form}")
     t0 = time.perf_counter()
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
-    quantize(fp32, tmp, quant, kind.calibration_batches, kind.calibration_batch_count(), progress)
+    given, why, source = quant_params(kind, form, entry, fp32)
+    used = quantize_with_params(fp32, tmp, quant, kind.calibration_batches, kind.calibration_batch_count(), progress,
+                                given, recipe_digest(entry["recipe"]))
+    if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
+        built = used.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
+        _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")
     calib_s = time.perf_counter() - t0
+    report["quantization_parameters"] = paths.rel(source) if given is not None else f"calibrated: {why}"
     metrics = {split: Evaluator(kind, fp32, split).metrics(tmp, exact=exact_judgement(form))
                for split in ("validation", "test")}
     speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES, variants=speed_variants,

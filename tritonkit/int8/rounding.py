@@ -48,6 +48,8 @@ class RoundingResult:
     rounded: dict[str, str]  # weight initializer -> node name
     originals: dict[str, np.ndarray]  # weight initializer -> its float weights before rounding
     nearest_rows: int  # rows that fell back to round-to-nearest (see module doc)
+    codes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # weight -> (codes, row scales)
+    nearest: dict[str, np.ndarray] = field(default_factory=dict)  # weight -> round-to-nearest codes
 
 
 def _layers(graph, op_types: set[str] | None) -> list[_Layer]:
@@ -119,9 +121,10 @@ def _weights(m: np.ndarray, layer: _Layer, shape: tuple[int, ...]) -> np.ndarray
     return m[0] if layer.kind == "gemm_t" else m[0].T
 
 
-def gptq(w: np.ndarray, h: np.ndarray, damping: float = DAMPING) -> tuple[np.ndarray, np.ndarray]:
-    """GPTQ over batched matrices w [g, rows, d] with input second moments h [g, d, d]. Returns the rounded
-    weights (on each row's max|w|/127 grid) and a [g, rows] mask of rows whose grid survived the compensation."""
+def gptq(w: np.ndarray, h: np.ndarray, damping: float = DAMPING) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GPTQ over batched matrices w [g, rows, d] with input second moments h [g, d, d]. Returns the integer codes,
+    each row's scale (max|w|/127: the rounded weights are codes x scale) and a [g, rows] mask of rows whose grid
+    survived the compensation."""
     w = w.astype(np.float64).copy()
     d = w.shape[2]
     h = h.copy()
@@ -154,7 +157,14 @@ def gptq(w: np.ndarray, h: np.ndarray, damping: float = DAMPING) -> tuple[np.nda
     kept = np.abs(q).max(axis=2) == QMAX
     back = np.argsort(order, axis=1)
     q = q[gi[:, :, None], np.arange(q.shape[1])[None, :, None], back[:, None, :]]
-    return q * scale[:, :, None], kept
+    return q, scale, kept
+
+
+def nearest_codes(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest codes and row scales of matrices m [g, rows, d], as onnxruntime quantizes weights."""
+    r = np.abs(m).max(axis=2)
+    scale = np.where(r > 0, r / QMAX, 1.0)
+    return np.clip(np.round(m / scale[:, :, None]), -QMAX, QMAX), scale
 
 
 def round_weights(
@@ -164,13 +174,16 @@ def round_weights(
     batches: Callable[[], Iterable[dict[str, np.ndarray]]],
     max_batches: int | None = None,
     stages: int = STAGES,
+    fixed: dict | None = None,
 ) -> RoundingResult:
     """GPTQ-round the constant weights of every Conv/Gemm/MatMul of `op_types` (None: all three) in `model_path`
-    (see module doc). Layers the caller keeps float are rounded too; it restores them from `originals`."""
+    (see module doc). Layers the caller keeps float are rounded too; it restores them from `originals`.
+    `fixed` ({weight: (codes or params.Delta, row scales)}, as a result's `codes`): the rounding of an earlier run,
+    applied without calibration data."""
     import onnx
     from onnx import numpy_helper
 
-    from tritonkit.int8.tensors import fake_quant_weight, probe_tensors
+    from tritonkit.int8.tensors import probe_tensors
 
     model = onnx.load(str(model_path))
     graph = model.graph
@@ -180,7 +193,11 @@ def round_weights(
         raise QuantizationError("weight_rounding='gptq' set but no quantized Conv/Gemm/MatMul with a constant weight")
     nodes = {n.name: n for n in graph.node}
     inputs = {layer.node: nodes[layer.node].input[0] for layer in layers}
-    originals, rounded, nearest = {}, {}, 0
+    originals, rounded, fallback, codes, nearest = {}, {}, 0, {}, {}
+    if fixed is not None:
+        missing = sorted({layer.weight for layer in layers} - set(fixed))
+        if missing:
+            raise QuantizationError(f"GPTQ parameters lack weights {missing[:3]}: recompute them")
     # Layers in graph order, in `stages` chunks: each chunk is measured on the graph whose earlier chunks are
     # already rounded, so it compensates the error it actually receives (one calibration pass per chunk).
     chunk = -(-len(layers) // max(1, min(stages, len(layers))))
@@ -189,7 +206,7 @@ def round_weights(
         names = list(dict.fromkeys(inputs[layer.node] for layer in stage))
         rng = np.random.default_rng(start)
         # Without the arena: one run outputs the activations of a whole chunk of layers.
-        for outs in probe_tensors(model, names, batches, max_batches, arena=False):
+        for outs in (probe_tensors(model, names, batches, max_batches, arena=False) if fixed is None else ()):
             for layer in stage:
                 _accumulate(layer, outs[inputs[layer.node]], tuple(inits[layer.weight].dims), rng)
         for layer in stage:
@@ -197,14 +214,21 @@ def round_weights(
                 continue
             w = numpy_helper.to_array(inits[layer.weight])
             m = _matrices(w.astype(np.float64), layer)
-            q, kept = gptq(m, layer.hessian / max(layer.samples, 1))
-            layer.hessian = None
-            if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
-                q = np.where(kept[:, :, None], q, fake_quant_weight(m.reshape(-1, m.shape[2]), True).reshape(m.shape))
-                nearest += int((~kept).sum())
+            near, near_scale = nearest_codes(m)
+            if fixed is not None:
+                q, scale = fixed[layer.weight]
+                q = q.resolve(near) if hasattr(q, "resolve") else q
+            else:
+                q, scale, kept = gptq(m, layer.hessian / max(layer.samples, 1))
+                layer.hessian = None
+                if not kept.all():  # those rows: round-to-nearest on their own max|w| grid (always hits ±127)
+                    q = np.where(kept[:, :, None], q, near)
+                    scale = np.where(kept, scale, near_scale)
+                    fallback += int((~kept).sum())
             originals[layer.weight] = w
             rounded[layer.weight] = layer.node
-            inits[layer.weight].CopyFrom(numpy_helper.from_array(_weights(q, layer, w.shape).astype(w.dtype),
-                                                                   layer.weight))
+            codes[layer.weight], nearest[layer.weight] = (q, scale), near
+            inits[layer.weight].CopyFrom(numpy_helper.from_array(
+                _weights(q * scale[:, :, None], layer, w.shape).astype(w.dtype), layer.weight))
     onnx.save(model, str(out_path))
-    return RoundingResult(Path(out_path), rounded, originals, nearest)
+    return RoundingResult(Path(out_path), rounded, originals, fallback, codes, nearest)

@@ -355,6 +355,7 @@ class Workspace:
     def __init__(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="tritonkit-search-")
         self.prepared: dict[tuple, Any] = {}
+        self.stats: dict[str, Any] = {}  # calibrated graph digest -> calibration.Statistics
         self.ranges: dict[tuple, Any] = {}
         self.digests: dict[Path, str] = {}
         self.val: Evaluator | None = None
@@ -439,15 +440,33 @@ class Search:
         return self.ws.prepared[key]
 
     def _calibrate(self, r: Recipe):
-        from tritonkit.int8.calibration import calibrate, with_isolated_copies
+        from tritonkit.int8.calibration import collect, with_isolated_copies
 
         prepared = self._prepare(r)
+        graph = prepared.base or prepared.path
         # Keyed by the calibrated graph's content: placements whose graphs differ only by input isolation share it.
-        key = (self._digest(prepared.base or prepared.path), r.calibrate_method, json.dumps(r.extra_options))
+        # One pass collects every applicable method's statistics; each method's ranges are computed from them.
+        digest = self._digest(graph)
+        if digest not in self.ws.stats:
+            self.ws.stats[digest] = collect(graph, self.spec.calibration_batches, prepared.path.parent,
+                                            [m for m, _ in self._applicable_methods()],
+                                            self.spec.calibration_batch_count(), self.progress,
+                                            desc=f"calibrate {r.describe()}")
+        key = (digest, r.calibrate_method, json.dumps(r.extra_options))
         if key not in self.ws.ranges:
-            self.ws.ranges[key] = calibrate(prepared, r.to_quant(self.spec.WEIGHT_OPS), self.spec.calibration_batches,
-                                          prepared.path.parent, self.spec.calibration_batch_count(), self.progress)
+            self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)
         return with_isolated_copies(self.ws.ranges[key], prepared)
+
+    def quant_params(self, r: Recipe, recipe_digest: str):
+        """The quantization parameters (tritonkit.int8.params) of `r` as this search built it: a replay of the
+        committed recipe then rebuilds the same graph without calibrating."""
+        from tritonkit.int8 import params
+
+        self._calibrate(r)
+        prepared = self._prepare(r)
+        key = (self._digest(prepared.base or prepared.path), r.calibrate_method, json.dumps(r.extra_options))
+        return params.capture(prepared, self.ws.ranges[key], r.calibrate_method, params.file_digest(self.fp32),
+                              recipe_digest)
 
     def _digest(self, path: Path) -> str:
         import hashlib
@@ -520,7 +539,7 @@ class Search:
         """Histogram calibrators concatenate every batch's tensors: they need equal-shape calibration feeds."""
         shapes = {tuple(v.shape for v in b.values()) for b in self.spec.calibration_batches()}
         methods = [("minmax", {})]
-        if len(shapes) == 1:
+        if len(shapes) == 1:  # (their statistics come from the same pass as minmax's: calibration.collect)
             methods += [("percentile", {"CalibPercentile": 99.999}), ("entropy", {})]
         return methods
 

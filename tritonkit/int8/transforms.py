@@ -94,8 +94,10 @@ def smooth(
     batches: Callable[[], Iterable[Feeds]],
     alpha: float,
     max_batches: int | None = None,
-) -> Path:
-    """SmoothQuant on MatMuls with a 2-D constant weight: insert Mul(X, 1/s) and scale W by s (see QuantRecipe)."""
+    scales: dict[str, np.ndarray] | None = None,
+) -> tuple[Path, dict[str, np.ndarray]]:
+    """SmoothQuant on MatMuls with a 2-D constant weight: insert Mul(X, 1/s) and scale W by s (see QuantRecipe).
+    Returns the graph and {tensor: s}; given `scales` (an earlier run's), no calibration data is read."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -111,19 +113,25 @@ def smooth(
     if not groups:
         raise QuantizationError("smooth_alpha set but no MatMul with a constant 2-D weight to smooth")
 
-    # Per-channel max |X| over the calibration data (last axis = MatMul input channels).
     names = list(groups)
+    if scales is not None and set(scales) != set(names):
+        raise QuantizationError("SmoothQuant parameters name other tensors than this graph smooths: recompute them")
     absmax = {name: None for name in names}
-    for outs in probe_tensors(model, names, batches, max_batches):
+    # Per-channel max |X| over the calibration data (last axis = MatMul input channels).
+    for outs in (probe_tensors(model, names, batches, max_batches) if scales is None else ()):
         for name, out in outs.items():
             m = np.abs(out.reshape(-1, out.shape[-1])).max(0)
             absmax[name] = m if absmax[name] is None else np.maximum(absmax[name], m)
 
-    new_nodes = []
+    new_nodes, used = [], {}
     for name, nodes in groups.items():
-        w_max = np.max([np.abs(numpy_helper.to_array(inits[n.input[1]])).max(1) for n in nodes], axis=0)
-        s = np.power(np.maximum(absmax[name], 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha)
-        s = np.clip(s, 1e-4, 1e4).astype(np.float32)
+        if scales is not None:
+            s = scales[name]
+        else:
+            w_max = np.max([np.abs(numpy_helper.to_array(inits[n.input[1]])).max(1) for n in nodes], axis=0)
+            s = np.power(np.maximum(absmax[name], 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha)
+            s = np.clip(s, 1e-4, 1e4).astype(np.float32)
+        used[name] = s
         for n in nodes:
             w = numpy_helper.to_array(inits[n.input[1]]) * s[:, None]
             inits[n.input[1]].CopyFrom(numpy_helper.from_array(w.astype(np.float32), n.input[1]))
@@ -134,7 +142,7 @@ def smooth(
             n.input[0] = smoothed
     _insert_after_producers(graph, new_nodes)
     onnx.save(model, str(out_path))
-    return out_path
+    return out_path, used
 
 
 def _tap_means(x: np.ndarray, node, kernel: tuple[int, int]) -> np.ndarray | None:
@@ -164,8 +172,10 @@ def correct_biases(
     batches: Callable[[], Iterable[Feeds]],
     per_channel: bool,
     max_batches: int | None = None,
-) -> Path:
-    """Bias correction for quantized 2-D Convs with constant weights and bias (see QuantRecipe.bias_correction)."""
+    biases: dict[str, np.ndarray] | None = None,
+) -> tuple[Path, dict[str, np.ndarray]]:
+    """Bias correction for quantized 2-D Convs with constant weights and bias (see QuantRecipe.bias_correction).
+    Returns the graph and {bias: corrected bias}; given `biases` (an earlier run's), no calibration data is read."""
     import onnx
     from onnx import numpy_helper
 
@@ -176,9 +186,15 @@ def correct_biases(
              and len(n.input) > 2 and n.input[2] in inits]
     if not convs:
         raise QuantizationError("bias_correction set but no quantized Conv with constant weights and bias")
+    if biases is not None:
+        for name, bias in biases.items():
+            inits[name].CopyFrom(numpy_helper.from_array(bias, name))
+        onnx.save(model, str(out_path))
+        return out_path, biases
     names = list(dict.fromkeys(n.input[0] for n in convs))
     sums: dict[str, np.ndarray] = {}
     count = 0
+    corrected = {}
     for outs in probe_tensors(model, names, batches, max_batches):
         for name, out in outs.items():
             sums[name] = sums.get(name, 0) + out.astype(np.float64).sum(0)
@@ -194,10 +210,10 @@ def correct_biases(
         means = means.reshape(groups, cin, *w.shape[2:])
         error = np.einsum("gockl,gckl->go", dw.reshape(groups, cout // groups, cin, *w.shape[2:]), means)
         bias = numpy_helper.to_array(inits[node.input[2]])
-        inits[node.input[2]].CopyFrom(numpy_helper.from_array((bias - error.reshape(-1)).astype(bias.dtype),
-                                                                node.input[2]))
+        corrected[node.input[2]] = (bias - error.reshape(-1)).astype(bias.dtype)
+        inits[node.input[2]].CopyFrom(numpy_helper.from_array(corrected[node.input[2]], node.input[2]))
     onnx.save(model, str(out_path))
-    return out_path
+    return out_path, corrected
 
 
 def isolate_inputs(model_path: Path, out_path: Path, op_types: set[str]) -> tuple[Path, dict[str, str]]:
@@ -269,6 +285,10 @@ class Prepared:
     rounded_by: dict[str, str] = field(default_factory=dict)  # weight initializer -> node name
     base: Path | None = None  # the graph before input isolation (same tensors, fewer copies): what is calibrated
     copies: dict[str, str] = field(default_factory=dict)  # isolated input copy -> the tensor it copies
+    # What the transforms computed from calibration data (tritonkit.int8.params stores it for replays).
+    smooth_scales: dict[str, np.ndarray] = field(default_factory=dict)
+    rounding: Any = None  # rounding.RoundingResult
+    corrected_biases: dict[str, np.ndarray] = field(default_factory=dict)
     _inferred: Any = field(default=None, init=False, repr=False, compare=False)
     # Per quantizer configuration: initializer -> scale/zero point, shared by the candidates (quantize_prepared).
     initializer_params: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -303,10 +323,12 @@ def prepare(
     batches: Callable[[], Iterable[Feeds]],
     workdir: Path,
     total_batches: int | None = None,
+    params=None,
 ) -> Prepared:
     """Preprocess, merge parallel MatMuls, smooth, bias-correct and isolate inputs as `recipe` says. The transforms
     see every node, the recipe's float ones too: those only stay out of quantization (quantize_prepared), so one
-    prepared graph serves every exclusion set and a replay builds what a search measured."""
+    prepared graph serves every exclusion set and a replay builds what a search measured. With `params`
+    (tritonkit.int8.params.QuantParams) the transforms apply its values and read no calibration data."""
     import onnx
     from onnx import numpy_helper
 
@@ -317,9 +339,10 @@ def prepare(
     if recipe.merge_parallel_matmuls and "MatMul" in (recipe.op_types or ["MatMul"]):
         source = merge_parallel_matmuls(source, workdir / "merged.onnx")
     max_batches = recipe.calibration_batches or total_batches
+    scales: dict[str, np.ndarray] = {}
     if recipe.smooth_alpha is not None:
-        source = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), batches,
-                        recipe.smooth_alpha, max_batches)
+        source, scales = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), batches,
+                                recipe.smooth_alpha, max_batches, params.smooth if params is not None else None)
     rounding = None
     if recipe.weight_rounding == "gptq":
         from tritonkit.int8.rounding import round_weights
@@ -327,18 +350,21 @@ def prepare(
         op_types = set(recipe.op_types) if recipe.op_types is not None else None
         # Every quantizable layer is rounded, float ones too (quantize_prepared restores theirs): each chunk's
         # rounding depends on the chunks before it, so a replay must round exactly what the search rounded.
-        rounding = round_weights(source, workdir / "rounded.onnx", op_types, batches, max_batches)
+        rounding = round_weights(source, workdir / "rounded.onnx", op_types, batches, max_batches,
+                                 fixed=params.rounding if params is not None else None)
         source = rounding.path
     elif recipe.weight_rounding != "nearest":
         raise QuantizationError(f"recipe '{recipe.name}': weight_rounding must be 'nearest' or 'gptq', "
                                 f"not {recipe.weight_rounding!r}")
     originals: dict[str, np.ndarray] = {}
     corrected_by: dict[str, str] = {}
+    corrected: dict[str, np.ndarray] = {}
     if recipe.bias_correction:
         before = {i.name: i for i in onnx.load(str(source)).graph.initializer}
         op_types = set(recipe.op_types) if recipe.op_types is not None else None
-        source = correct_biases(source, workdir / "bias_corrected.onnx", op_types, batches, recipe.per_channel,
-                                max_batches)
+        source, corrected = correct_biases(source, workdir / "bias_corrected.onnx", op_types, batches,
+                                           recipe.per_channel, max_batches,
+                                           params.biases if params is not None else None)
         for node in onnx.load(str(source), load_external_data=False).graph.node:
             if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] in before:
                 originals[node.input[2]] = numpy_helper.to_array(before[node.input[2]])
@@ -347,4 +373,4 @@ def prepare(
     if recipe.isolate_inputs and recipe.op_types:
         source, copies = isolate_inputs(source, workdir / "isolated.onnx", set(recipe.op_types))
     return Prepared(source, originals, corrected_by, rounding.originals if rounding else {},
-                    rounding.rounded if rounding else {}, base, copies)
+                    rounding.rounded if rounding else {}, base, copies, scales, rounding, corrected)

@@ -1,0 +1,97 @@
+"""Calibration statistics collected once (tritonkit.int8.calibration): every method's ranges from one pass equal
+what onnxruntime's own calibrators compute from one pass each, fed the same batches in the same chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tritonkit.int8 import calibration
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = torch.nn.functional.relu6(self.conv(x))
+        x = torch.relu(self.dw(x))
+        return self.fc(x.mean((2, 3)))
+
+
+BATCHES = 9  # two full histogram chunks and a partial one
+
+
+def _batches():
+    rng = np.random.default_rng(3)
+    # Later batches reach further out, so the histograms must widen (onnxruntime's re-binning path).
+    return ({"x": (rng.standard_normal((4, 3, 12, 12)) * (1 + i / 2)).astype(np.float32)} for i in range(BATCHES))
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("calibration") / "net.onnx"
+    torch.onnx.export(Net().eval(), (torch.zeros(1, 3, 12, 12),), str(path), input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "n"}}, opset_version=17, dynamo=False)
+    return path
+
+
+def _onnxruntime(graph, tmp_path, method: str, options: dict):
+    """onnxruntime's calibrator of `method`, fed chunks of HISTOGRAM_CHUNK batches (the histogram kinds) or all."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    calibrator = create_calibrator(graph, calibration.all_op_types(), str(tmp_path / f"ort-{method}.onnx"),
+                                   getattr(CalibrationMethod, method.capitalize() if method != "minmax" else "MinMax"),
+                                   providers=["CPUExecutionProvider"], extra_options=options)
+    batches = list(_batches())
+    step = calibration.HISTOGRAM_CHUNK if method != "minmax" else len(batches)
+
+    class Reader:
+        def __init__(self, items):
+            self.items = iter(items)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    for i in range(0, len(batches), step):
+        calibrator.collect_data(Reader(batches[i : i + step]))
+    return calibrator.compute_data()
+
+
+def _same(ours, theirs):
+    assert set(ours) == set(theirs)
+    for name in theirs:
+        a, b = ours[name].range_value, theirs[name].range_value
+        for x, y in zip(a, b):
+            x, y = np.asarray(x), np.asarray(y)
+            assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), (name, a, b)
+
+
+def test_one_pass_gives_every_methods_ranges_as_onnxruntime_computes_them(graph, tmp_path):
+    stats = calibration.collect(graph, _batches, tmp_path, ("minmax", "percentile", "entropy"), progress=False)
+    assert stats.batches == BATCHES
+    _same(stats.ranges("minmax"), _onnxruntime(graph, tmp_path, "minmax", {}))
+    _same(stats.ranges("percentile"), _onnxruntime(graph, tmp_path, "percentile", {}))
+    _same(stats.ranges("percentile", {"CalibPercentile": 99.9}),
+          _onnxruntime(graph, tmp_path, "percentile", {"percentile": 99.9}))
+    _same(stats.ranges("entropy"), _onnxruntime(graph, tmp_path, "entropy", {}))
+    # A minmax-only pass (reductions inside the graph) gives the same minmax ranges as the full one.
+    _same(calibration.collect(graph, _batches, tmp_path, ("minmax",), progress=False).ranges("minmax"),
+          stats.ranges("minmax"))
+
+
+def test_a_method_that_was_not_collected_is_refused_by_name(graph, tmp_path):
+    from tritonkit.errors import QuantizationError
+
+    stats = calibration.collect(graph, _batches, tmp_path, ("minmax",), max_batches=2, progress=False)
+    assert stats.batches == 2
+    with pytest.raises(QuantizationError, match="entropy"):
+        stats.ranges("entropy")
+    with pytest.raises(QuantizationError, match="CalibMaxIntermediateOutputs"):
+        stats.ranges("minmax", {"CalibMaxIntermediateOutputs": 3})
