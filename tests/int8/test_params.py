@@ -73,7 +73,7 @@ def test_a_replay_from_parameters_builds_the_same_bytes_without_calibration_data
     assert bool(fresh.rounding) == (recipe.weight_rounding == "gptq")
     assert bool(fresh.biases) == recipe.bias_correction
     loaded = QuantParams.load(fresh.save(tmp_path / "params.npz"))
-    assert loaded.mismatch(file_digest(fp32), "r1") is None
+    assert loaded.applies(file_digest(fp32), "r1") == (True, "")
     quantize_with_params(fp32, tmp_path / "replayed.onnx", recipe, _no_data, progress=False, given=loaded,
                          recipe_digest="r1")
     assert (tmp_path / "replayed.onnx").read_bytes() == (tmp_path / "fresh.onnx").read_bytes()
@@ -83,10 +83,15 @@ def test_a_replay_from_parameters_builds_the_same_bytes_without_calibration_data
 
 
 def test_parameters_apply_only_to_their_graph_and_recipe(tmp_path):
-    params = QuantParams(source="a" * 64, recipe="r1", method="minmax")
-    assert params.mismatch("a" * 64, "r1") is None
-    assert "FP32 graph" in params.mismatch("b" * 64, "r1")
-    assert "recipe" in params.mismatch("a" * 64, "r2")
+    params = QuantParams(source="a" * 64, recipe="r1", method="minmax", origin="spec1")
+    assert params.applies("a" * 64, "r1", "spec1") == (True, "")
+    # Another export of the same spec and packages (last bits differ between CPUs): applied, and said so.
+    applies, note = params.applies("b" * 64, "r1", "spec1")
+    assert applies and "differs in its bytes" in note
+    assert params.applies("b" * 64, "r1", "spec2")[0] is False
+    assert params.applies("b" * 64, "r1")[0] is False
+    applies, note = params.applies("a" * 64, "r2", "spec1")
+    assert not applies and "recipe" in note
 
 
 def test_every_committed_recipe_carries_parameters_computed_for_it():
@@ -109,5 +114,6 @@ def test_every_committed_recipe_carries_parameters_computed_for_it():
             params = QuantParams.load(path)
             assert params.recipe == recipe.recipe_digest(entry["recipe"]), path.name
             assert params.ranges and params.method == entry["recipe"]["calibrate_method"]
+            assert params.origin == recipe.params_origin(kind), f"{path.name} was made from another spec or packages"
             checked += 1
     assert checked >= 3

@@ -32,6 +32,9 @@ class QuantParams:
     source: str  # sha256 of the FP32 graph they were computed from
     recipe: str  # the digest of the recipe they were computed for (recipe.recipe_digest)
     method: str  # the calibration method of `ranges`
+    # What the FP32 graph was made from (spec, packages: tritonkit.int8.floor.source): an export's last bits differ
+    # between CPUs (Lite0's does between an AMD EPYC and an Intel Xeon), the parameters still hold for it.
+    origin: str = ""
     ranges: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # calibrated graph's tensors
     smooth: dict[str, np.ndarray] = field(default_factory=dict)  # smoothed tensor -> SmoothQuant scales s
     rounding: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # weight -> (codes, scales)
@@ -57,14 +60,14 @@ class QuantParams:
         for i, s in enumerate(self.smooth.values()):
             arrays[f"smooth{i}"] = s
         for i, (name, (codes, scales)) in enumerate(self.rounding.items()):
-            delta = codes - self.nearest[name]
+            delta = codes.values if isinstance(codes, Delta) else codes - self.nearest[name]
             if np.abs(delta).max(initial=0) > 127:
                 raise QuantizationError(f"GPTQ codes of {name} differ from round-to-nearest by more than int8 holds")
             arrays[f"round{i}_delta"], arrays[f"round{i}_scale"] = delta.astype(np.int8), scales
         for i, b in enumerate(self.biases.values()):
             arrays[f"bias{i}"] = b
         meta = {"version": VERSION, "source": self.source, "recipe": self.recipe, "method": self.method,
-                "names": names}
+                "origin": self.origin, "names": names}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as f:
@@ -82,7 +85,7 @@ class QuantParams:
                                         f"this build reads {VERSION}")
             names = meta["names"]
             return cls(
-                meta["source"], meta["recipe"], meta["method"],
+                meta["source"], meta["recipe"], meta["method"], meta.get("origin", ""),
                 ranges={n: (data[f"range{i}_lo"], data[f"range{i}_hi"]) for i, n in enumerate(names["ranges"])},
                 smooth={n: data[f"smooth{i}"] for i, n in enumerate(names["smooth"])},
                 rounding={n: (Delta(data[f"round{i}_delta"]), data[f"round{i}_scale"])
@@ -90,13 +93,17 @@ class QuantParams:
                 biases={n: data[f"bias{i}"] for i, n in enumerate(names["biases"])},
             )
 
-    def mismatch(self, source: str, recipe: str) -> str | None:
-        """Why these parameters do not apply to this FP32 graph and recipe, or None when they do."""
-        if self.source != source:
-            return "the FP32 graph differs from the one they were computed from"
+    def applies(self, source: str, recipe: str, origin: str = "") -> tuple[bool, str]:
+        """(whether these parameters apply to this FP32 graph and recipe, what to say about it)."""
         if self.recipe != recipe:
-            return "the recipe differs from the one they were computed for"
-        return None
+            return False, "the recipe differs from the one they were computed for"
+        if self.source == source:
+            return True, ""
+        if origin and self.origin == origin:
+            return True, ("the FP32 graph differs in its bytes from the one they were computed from, made from the "
+                          "same spec and packages (an export's last bits differ between CPUs); the INT8 bytes may "
+                          "differ from the committing machine's, and every gate is checked here")
+        return False, "the FP32 graph differs from the one they were computed from"
 
 
 @dataclass
@@ -109,10 +116,10 @@ class Delta:
         return nearest + self.values.astype(nearest.dtype)
 
 
-def capture(prepared, ranges, method: str, source: str, recipe: str) -> QuantParams:
+def capture(prepared, ranges, method: str, source: str, recipe: str, origin: str = "") -> QuantParams:
     """The parameters a prepared graph and its calibrated ranges (before input isolation's copies) hold."""
     rounding = prepared.rounding
-    return QuantParams(source, recipe, method,
+    return QuantParams(source, recipe, method, origin,
                        ranges={k: tuple(np.asarray(v) for v in td.range_value) for k, td in ranges.items()},
                        smooth=dict(prepared.smooth_scales), rounding=dict(rounding.codes) if rounding else {},
                        biases=dict(prepared.corrected_biases), nearest=dict(rounding.nearest) if rounding else {})

@@ -195,7 +195,7 @@ def quantize(
 
 def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]],
                          total_batches: int | None = None, progress: bool = True, given: QuantParams | None = None,
-                         recipe_digest: str = "") -> QuantParams:
+                         recipe_digest: str = "", origin: str = "") -> QuantParams:
     """`quantize`, from `given` parameters (no calibration data is read) or calibrating; returns the parameters
     used, which rebuild the same graph bytes (tritonkit.int8.params)."""
     import onnx
@@ -210,4 +210,4 @@ def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, 
             base_ranges(prepared, recipe, batches, Path(tmp), total_batches, progress)
         onnx.save(quantize_prepared(prepared, with_isolated_copies(ranges, prepared), recipe), str(out_path))
         return params.capture(prepared, ranges, recipe.calibrate_method, params.file_digest(model_path),
-                              recipe_digest)
+                              recipe_digest, origin)

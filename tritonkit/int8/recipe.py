@@ -45,20 +45,28 @@ def params_path(kind, form: str, entry: dict, where: Path | None = None) -> Path
     return (where or recipe_path(kind).parent) / f"{kind.NAME}.int8.{form}{cls}.npz"
 
 
+def params_origin(kind) -> str:
+    """What an FP32 graph is made from, the same on every machine (tritonkit.int8.floor.source)."""
+    from tritonkit.int8 import floor
+
+    return floor.source(kind, "int8-params", []) or ""
+
+
 def quant_params(kind, form: str, entry: dict, fp32: Path):
-    """(parameters, why not, file): the committed parameters of `entry`'s recipe when they were computed from this
-    FP32 graph and recipe, else those this machine saved at an earlier build; (None, why, None) without either."""
+    """(parameters, why not, file): the committed parameters of `entry`'s recipe when they apply to this FP32 graph
+    and recipe, else those this machine saved at an earlier build; (None, why, None) without either."""
     from tritonkit.int8.params import QuantParams, file_digest
 
     source, digest, why = file_digest(fp32), recipe_digest(entry["recipe"]), "no quantization parameters"
     for path in (params_path(kind, form, entry), params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params")):
         if path.exists():
             params = QuantParams.load(path)
-            reason = params.mismatch(source, digest)
-            if reason is None:
-                _log(f"{kind.NAME}: {form} INT8 from the quantization parameters {paths.rel(path)} (no calibration)")
+            applies, note = params.applies(source, digest, params_origin(kind))
+            if applies:
+                _log(f"{kind.NAME}: {form} INT8 from the quantization parameters {paths.rel(path)} (no calibration)"
+                     + (f": {note}" if note else ""))
                 return params, None, path
-            why = f"{paths.rel(path)} does not apply: {reason}"
+            why = f"{paths.rel(path)} does not apply: {note}"
     return None, why, None
 
 
@@ -127,7 +135,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = Non
             full[form] = result.to_json()
             if result.recipe is not None:  # committed beside the recipe: replays then skip calibration
                 found = asdict(result.recipe)
-                saved = searcher.quant_params(result.recipe, recipe_digest(found)).save(
+                saved = searcher.quant_params(result.recipe, recipe_digest(found), params_origin(kind)).save(
                     params_path(kind, form, {"class": cpu}))
                 _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
             entry = {
@@ -306,7 +314,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
     given, why, source = quant_params(kind, form, entry, fp32)
     used = quantize_with_params(fp32, tmp, quant, kind.calibration_batches, kind.calibration_batch_count(), progress,
-                                given, recipe_digest(entry["recipe"]))
+                                given, recipe_digest(entry["recipe"]), params_origin(kind))
     if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
         built = used.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
         _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")

@@ -457,7 +457,7 @@ class Search:
             self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)
         return with_isolated_copies(self.ws.ranges[key], prepared)
 
-    def quant_params(self, r: Recipe, recipe_digest: str):
+    def quant_params(self, r: Recipe, recipe_digest: str, origin: str = ""):
         """The quantization parameters (tritonkit.int8.params) of `r` as this search built it: a replay of the
         committed recipe then rebuilds the same graph without calibrating."""
         from tritonkit.int8 import params
@@ -466,7 +466,7 @@ class Search:
         prepared = self._prepare(r)
         key = (self._digest(prepared.base or prepared.path), r.calibrate_method, json.dumps(r.extra_options))
         return params.capture(prepared, self.ws.ranges[key], r.calibrate_method, params.file_digest(self.fp32),
-                              recipe_digest)
+                              recipe_digest, origin)
 
     def _digest(self, path: Path) -> str:
         import hashlib
