@@ -16,7 +16,7 @@ def _floor_lines(report: dict) -> list[str]:
                 "catastrophe bounds (tritonkit.int8.floor).", ""]
     else:
         head = []
-    lines = [*head, "| gate | absolute | floor val / test | bound val / test | INT8 val / test |",
+    lines = [*head, "| gate | absolute | floor val / test | bound val / test | INT8 val (search) / test |",
              "|---|---|---|---|---|"]
     for g in report["gates"]:
         m = g["metric"]
