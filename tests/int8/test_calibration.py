@@ -95,3 +95,50 @@ def test_a_method_that_was_not_collected_is_refused_by_name(graph, tmp_path):
         stats.ranges("entropy")
     with pytest.raises(QuantizationError, match="CalibMaxIntermediateOutputs"):
         stats.ranges("minmax", {"CalibMaxIntermediateOutputs": 3})
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(self.norm(x))))
+
+
+def test_the_pass_also_takes_what_smoothquant_reads(tmp_path):
+    """The unsmoothed graph's calibration pass collects each smoothable activation's per-channel max |x|, so the
+    SmoothQuant variants of a search need no pass of their own."""
+    import onnxruntime as ort
+
+    from tritonkit.int8 import transforms
+    from tritonkit.int8.search import smoothable_tensors
+
+    torch.manual_seed(0)
+    path = tmp_path / "encoder.onnx"
+    torch.onnx.export(Encoder().eval(), (torch.zeros(2, 5, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}}, opset_version=17, dynamo=False)
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((2, 5, 16)) * np.linspace(0.1, 9, 16)).astype(np.float32) for _ in range(5)]
+    names = smoothable_tensors(path)
+    assert len(names) == 2
+    stats = calibration.collect(path, lambda: ({"x": d} for d in data), tmp_path, ("minmax",), progress=False,
+                                channels=names)
+    # Independently: the activations as plain graph outputs, their per-channel max |x| over every batch.
+    import onnx
+
+    model = onnx.load(str(path))
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name in names:
+        outs = [session.run([name], {"x": d})[0] for d in data]
+        want = np.max([np.abs(o.reshape(-1, o.shape[-1])).max(0) for o in outs], axis=0)
+        np.testing.assert_allclose(stats.channel_absmax[name], want, rtol=1e-5)
+
+    def no_data():
+        raise AssertionError("SmoothQuant read calibration data")
+
+    out, scales = transforms.smooth(path, tmp_path / "smoothed.onnx", {"MatMul"}, no_data, 0.5,
+                                    absmax=stats.channel_absmax)
+    assert set(scales) == set(names) and out.exists()

@@ -21,7 +21,7 @@ import numpy as np
 from tritonkit.errors import QuantizationError
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.int8.tensors import Feeds
-from tritonkit.int8.transforms import Prepared
+from tritonkit.int8.transforms import Prepared, channel_absmax
 
 # Histogram methods: how onnxruntime's create_calibrator collects each by default (symmetric percentile histograms
 # of |x| in 2048 bins; entropy and distribution histograms of x in 128 and 2048 bins).
@@ -44,6 +44,7 @@ class Statistics:
     minima: dict[str, list[np.ndarray]] = field(default_factory=dict)  # tensor -> each batch's min, shape [1]
     maxima: dict[str, list[np.ndarray]] = field(default_factory=dict)
     histograms: dict[str, object] = field(default_factory=dict)  # method -> onnxruntime HistogramCollector
+    channel_absmax: dict[str, np.ndarray] = field(default_factory=dict)  # tensor -> per-channel max |x| (SmoothQuant)
     batches: int = 0
 
     def ranges(self, method: str, extra_options: dict | None = None):
@@ -73,8 +74,9 @@ class Statistics:
 
 def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: Path,
             methods: Sequence[str] = ("minmax",), max_batches: int | None = None, progress: bool = True,
-            desc: str = "calibrate") -> Statistics:
-    """One pass of `graph_path` over the calibration batches, collecting `methods`' statistics (minmax always)."""
+            desc: str = "calibrate", channels: Sequence[str] = ()) -> Statistics:
+    """One pass of `graph_path` over the calibration batches, collecting `methods`' statistics (minmax always) and
+    the per-channel max |x| of the `channels` tensors (what SmoothQuant reads: its variants then need no pass)."""
     import onnx
     import onnxruntime as ort
     from onnxruntime.quantization.calibrate import HistogramCalibrater, HistogramCollector, MinMaxCalibrater
@@ -89,6 +91,12 @@ def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: P
     calibrator = (HistogramCalibrater if histograms else MinMaxCalibrater)(
         Path(graph_path), all_op_types(), augmented_model_path=str(Path(workdir) / "augmented.onnx"))
     calibrator.augment_graph()
+    outputs_before = {o.name for o in calibrator.model.graph.output}
+    extra = [c for c in channels if c not in outputs_before]
+    if extra:
+        calibrator.model.graph.output.extend(onnx.helper.make_tensor_value_info(c, onnx.TensorProto.FLOAT, None)
+                                             for c in extra)
+        onnx.save(calibrator.model, calibrator.augmented_model_path)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as onnxruntime's calibrators
     options.enable_cpu_mem_arena = Path(graph_path).stat().st_size <= ARENA_MAX_BYTES
@@ -103,18 +111,24 @@ def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: P
                                                   **{"num_quantized_bins": 128, **HISTOGRAMS[m]}) for m in histograms}
         tensors = calibrator.tensors_to_calibrate
     else:  # ReduceMin/ReduceMax output pairs, named <tensor>_ReduceMin / <tensor>_ReduceMax
-        pairs = [(outputs[i].rpartition("_")[0], i) for i in range(calibrator.num_model_outputs, len(outputs), 2)]
+        at = {n: i for i, n in enumerate(outputs)}
+        pairs = [(n.removesuffix("_ReduceMin"), i, at[n.removesuffix("_ReduceMin") + "_ReduceMax"])
+                 for i, n in enumerate(outputs) if i >= calibrator.num_model_outputs and n.endswith("_ReduceMin")]
     del calibrator
     chunk: list[dict[str, np.ndarray]] = []
     bar = tqdm(total=max_batches, desc=desc, unit="batch", disable=not progress)
+    channel_at = {c: outputs.index(c) for c in channels}
     for feeds in _limited(batches(), max_batches):
         got = session.run(None, {k: v for k, v in feeds.items() if k in graph_inputs})
         stats.batches += 1
         bar.update(1)
+        for name, i in channel_at.items():
+            seen = stats.channel_absmax.get(name)
+            stats.channel_absmax[name] = channel_absmax([got[i]] if seen is None else [got[i], seen[None]])
         if not histograms:
-            for name, i in pairs:
-                stats.minima.setdefault(name, []).append(got[i])
-                stats.maxima.setdefault(name, []).append(got[i + 1])
+            for name, lo, hi in pairs:
+                stats.minima.setdefault(name, []).append(got[lo])
+                stats.maxima.setdefault(name, []).append(got[hi])
             continue
         # A graph output that is also an input comes back as the feed's own buffer (onnxruntime issue 21922).
         values = {n: (v.copy() if n in inputs else v) for n, v in zip(outputs, got) if n in tensors}

@@ -283,6 +283,16 @@ def _timed(spec: SearchSpec, sessions: dict, batches: Sequence[int], repeats: in
 
 # -- units ---------------------------------------------------------------------------------------------------
 
+def smoothable_tensors(model_path: Path) -> list[str]:
+    """The activations SmoothQuant would scale in this graph (tritonkit.int8.transforms.smoothable)."""
+    import onnx
+
+    from tritonkit.int8.transforms import smoothable
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return list(smoothable(graph, {i.name: i for i in graph.initializer}, {"MatMul"}))
+
+
 def quantizable_nodes(model_path: Path, weight_ops: Sequence[str]) -> list[str]:
     """Nodes of the INT8 op types (MatMul, Conv, Gemm): with constant weights, or two activations (attention)."""
     import onnx
@@ -433,11 +443,25 @@ class Search:
 
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key not in self.ws.prepared:
+            absmax = None
+            if self._smooths_calibrated_graph(r):  # its activations' maxima came with the unsmoothed calibration
+                twin = replace(r, smooth_alpha=None)
+                self._calibrate(twin)
+                absmax = self.ws.stats[self._digest(self._graph(twin))].channel_absmax
             work = Path(self.ws.tmp.name) / f"prep{len(self.ws.prepared)}"
             work.mkdir()
             self.ws.prepared[key] = prepare(self.fp32, r.to_quant(self.spec.WEIGHT_OPS),
-                                          self.spec.calibration_batches, work, self.spec.calibration_batch_count())
+                                          self.spec.calibration_batches, work, self.spec.calibration_batch_count(),
+                                          absmax=absmax)
         return self.ws.prepared[key]
+
+    def _smooths_calibrated_graph(self, r: Recipe) -> bool:
+        """Whether SmoothQuant of `r` reads the graph its unsmoothed twin calibrates (no transform runs between)."""
+        return r.smooth_alpha is not None and r.weight_rounding == "nearest" and not r.bias_correction
+
+    def _graph(self, r: Recipe) -> Path:
+        prepared = self._prepare(r)
+        return prepared.base or prepared.path
 
     def _calibrate(self, r: Recipe):
         from tritonkit.int8.calibration import collect, with_isolated_copies
@@ -448,10 +472,13 @@ class Search:
         # One pass collects every applicable method's statistics; each method's ranges are computed from them.
         digest = self._digest(graph)
         if digest not in self.ws.stats:
+            # An unsmoothed graph's pass also takes what SmoothQuant variants read (per-channel max |x|).
+            channels = [] if r.smooth_alpha is not None or "MatMul" not in self.spec.WEIGHT_OPS else \
+                list(smoothable_tensors(graph))
             self.ws.stats[digest] = collect(graph, self.spec.calibration_batches, prepared.path.parent,
                                             [m for m, _ in self._applicable_methods()],
                                             self.spec.calibration_batch_count(), self.progress,
-                                            desc=f"calibrate {r.describe()}")
+                                            desc=f"calibrate {r.describe()}", channels=channels)
         key = (digest, r.calibrate_method, json.dumps(r.extra_options))
         if key not in self.ws.ranges:
             self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)

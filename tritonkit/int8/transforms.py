@@ -95,33 +95,31 @@ def smooth(
     alpha: float,
     max_batches: int | None = None,
     scales: dict[str, np.ndarray] | None = None,
+    absmax: dict[str, np.ndarray] | None = None,
 ) -> tuple[Path, dict[str, np.ndarray]]:
     """SmoothQuant on MatMuls with a 2-D constant weight: insert Mul(X, 1/s) and scale W by s (see QuantRecipe).
-    Returns the graph and {tensor: s}; given `scales` (an earlier run's), no calibration data is read."""
+    Returns the graph and {tensor: s}; given `scales` (an earlier run's), no calibration data is read, nor with
+    `absmax` (each smoothed tensor's per-channel max |x| on the calibration data, from a calibration pass)."""
     import onnx
     from onnx import helper, numpy_helper
 
     model, inits = _load_with_initializers(model_path)
     graph = model.graph
-    groups: dict[str, list] = {}
-    for node in graph.node:
-        if node.op_type != "MatMul" or "MatMul" not in op_types:
-            continue
-        weight = inits.get(node.input[1])
-        if weight is not None and len(weight.dims) == 2 and node.input[0] not in inits:
-            groups.setdefault(node.input[0], []).append(node)
+    groups = smoothable(graph, inits, op_types)
     if not groups:
         raise QuantizationError("smooth_alpha set but no MatMul with a constant 2-D weight to smooth")
 
     names = list(groups)
     if scales is not None and set(scales) != set(names):
         raise QuantizationError("SmoothQuant parameters name other tensors than this graph smooths: recompute them")
-    absmax = {name: None for name in names}
+    if absmax is not None and not set(names) <= set(absmax):
+        raise QuantizationError("the per-channel maxima given for SmoothQuant lack tensors this graph smooths")
+    absmax = dict(absmax) if absmax is not None else {name: None for name in names}
+    probe = scales is None and any(v is None for v in absmax.values())
     # Per-channel max |X| over the calibration data (last axis = MatMul input channels).
-    for outs in (probe_tensors(model, names, batches, max_batches) if scales is None else ()):
+    for outs in (probe_tensors(model, names, batches, max_batches) if probe else ()):
         for name, out in outs.items():
-            m = np.abs(out.reshape(-1, out.shape[-1])).max(0)
-            absmax[name] = m if absmax[name] is None else np.maximum(absmax[name], m)
+            absmax[name] = channel_absmax([out] if absmax[name] is None else [out, absmax[name][None]])
 
     new_nodes, used = [], {}
     for name, nodes in groups.items():
@@ -143,6 +141,27 @@ def smooth(
     _insert_after_producers(graph, new_nodes)
     onnx.save(model, str(out_path))
     return out_path, used
+
+
+def smoothable(graph, inits: dict, op_types: set[str]) -> dict[str, list]:
+    """{activation: the MatMuls with a 2-D constant weight that read it}: what SmoothQuant scales."""
+    groups: dict[str, list] = {}
+    for node in graph.node:
+        if node.op_type != "MatMul" or "MatMul" not in op_types:
+            continue
+        weight = inits.get(node.input[1])
+        if weight is not None and len(weight.dims) == 2 and node.input[0] not in inits:
+            groups.setdefault(node.input[0], []).append(node)
+    return groups
+
+
+def channel_absmax(values: Iterable[np.ndarray]) -> np.ndarray:
+    """Per-channel max |x| (last axis) over arrays of one tensor, as SmoothQuant reads its activations."""
+    out = None
+    for v in values:
+        m = np.abs(v.reshape(-1, v.shape[-1])).max(0)
+        out = m if out is None else np.maximum(out, m)
+    return out
 
 
 def _tap_means(x: np.ndarray, node, kernel: tuple[int, int]) -> np.ndarray | None:
@@ -324,6 +343,7 @@ def prepare(
     workdir: Path,
     total_batches: int | None = None,
     params=None,
+    absmax: dict[str, np.ndarray] | None = None,
 ) -> Prepared:
     """Preprocess, merge parallel MatMuls, smooth, bias-correct and isolate inputs as `recipe` says. The transforms
     see every node, the recipe's float ones too: those only stay out of quantization (quantize_prepared), so one
@@ -342,7 +362,8 @@ def prepare(
     scales: dict[str, np.ndarray] = {}
     if recipe.smooth_alpha is not None:
         source, scales = smooth(source, workdir / "smoothed.onnx", set(recipe.op_types or ["MatMul"]), batches,
-                                recipe.smooth_alpha, max_batches, params.smooth if params is not None else None)
+                                recipe.smooth_alpha, max_batches, params.smooth if params is not None else None,
+                                absmax)
     rounding = None
     if recipe.weight_rounding == "gptq":
         from tritonkit.int8.rounding import round_weights

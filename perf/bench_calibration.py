@@ -1,0 +1,103 @@
+"""Calibration statistics once (tritonkit.int8.calibration.collect) against onnxruntime's calibrators and NNCF's
+statistics collection, on a shipped model's prepared graph and its own calibration batches.
+
+    python perf/bench_calibration.py [--model image_classification]
+
+- onnxruntime 1.23: one calibrator per method (minmax, percentile, entropy), one pass each, fed as `collect` feeds
+  its histograms (chunks of HISTOGRAM_CHUNK batches). Their ranges must equal ours, or this exits 1;
+- ours: one pass for the three methods (minmax only where the model's batches differ in shape);
+- NNCF 3.4: `nncf.quantize` of the same ONNX graph over the same batches, min/max statistics (bias correction off):
+  its statistics collection plus inserting its Q/DQ, so an upper bound on the collection alone.
+Each runs once (minutes each on 2 cores); the graph is the served recipe's prepared graph, built from the committed
+quantization parameters (no calibration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tritonkit import kinds, paths
+from tritonkit.int8 import calibration, recipe
+from tritonkit.int8.search import Recipe
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="image_classification")
+    args = parser.parse_args()
+
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from tritonkit.int8.transforms import prepare
+
+    kind = kinds.get(args.model)
+    fp32 = paths.model_file(kind.FP32_MODEL)
+    entry = recipe.load_recipes(kind)["served"]
+    r = Recipe.from_json(entry["recipe"])
+    given, _why, _path = recipe.quant_params(kind, "served", entry, fp32)
+    total = kind.calibration_batch_count()
+    batches = list(kind.calibration_batches())[:total]
+    methods = ["minmax"] + (["percentile", "entropy"] if len({b[next(iter(b))].shape for b in batches}) == 1 else [])
+    out: dict = {"model": kind.NAME, "batches": len(batches), "methods": methods}
+    with tempfile.TemporaryDirectory(prefix="tritonkit-bench-calibration-") as tmp:
+        work = Path(tmp)
+        prepared = prepare(fp32, r.to_quant(kind.WEIGHT_OPS), kind.calibration_batches, work, total, given)
+        graph = prepared.base or prepared.path
+
+        t0 = time.perf_counter()
+        stats = calibration.collect(graph, lambda: iter(batches), work, methods, progress=False)
+        out["ours_s"] = round(time.perf_counter() - t0, 1)
+
+        out["onnxruntime_s"], same = {}, True
+        for method in methods:
+            t0 = time.perf_counter()
+            calibrator = create_calibrator(graph, calibration.all_op_types(), str(work / f"ort-{method}.onnx"),
+                                           CalibrationMethod.MinMax if method == "minmax" else
+                                           getattr(CalibrationMethod, method.capitalize()),
+                                           providers=["CPUExecutionProvider"])
+            step = len(batches) if method == "minmax" else calibration.HISTOGRAM_CHUNK
+            for i in range(0, len(batches), step):
+                calibrator.collect_data(_Reader(batches[i : i + step]))
+            theirs = calibrator.compute_data()
+            out["onnxruntime_s"][method] = round(time.perf_counter() - t0, 1)
+            ours = stats.ranges(method)
+            same &= set(ours) == set(theirs) and all(
+                np.array_equal(np.asarray(a), np.asarray(b))
+                for k in theirs for a, b in zip(ours[k].range_value, theirs[k].range_value))
+            del calibrator
+        out["same_ranges"] = bool(same)
+        out["nncf_minmax_s"] = _nncf(graph, batches)
+    print(json.dumps(out, indent=2))
+    return 0 if same else 1
+
+
+class _Reader:
+    def __init__(self, items):
+        self.items = iter(items)
+
+    def get_next(self):
+        return next(self.items, None)
+
+
+def _nncf(graph: Path, batches: list) -> float:
+    import nncf
+    import onnx
+
+    model = onnx.load(str(graph))
+    names = {i.name for i in model.graph.input}
+    dataset = nncf.Dataset([{k: v for k, v in b.items() if k in names} for b in batches])
+    t0 = time.perf_counter()
+    nncf.quantize(model, dataset, subset_size=len(batches),
+                  advanced_parameters=nncf.AdvancedQuantizationParameters(disable_bias_correction=True))
+    return round(time.perf_counter() - t0, 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
