@@ -119,7 +119,7 @@ def speed_variants(kind) -> tuple[str, str]:
 
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
-               search_budget_s: float | None = None, search_form: str | None = None,
+               search_budget_s: float | None = recipe.DEFAULT_BUDGET_S, search_form: str | None = None,
                forms: Sequence[str] = recipe.FORMS) -> list[recipe.Outcome]:
     """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
@@ -192,7 +192,8 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
 
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
-          progress: bool = True, search_if_missing: bool = False, search_budget_s: float | None = None,
+          progress: bool = True, search_if_missing: bool = False,
+          search_budget_s: float | None = recipe.DEFAULT_BUDGET_S,
           search_form: str | None = None, choose_runtime: bool = False,
           forms: Sequence[str] = recipe.FORMS) -> BuildResult:
     """Configs, FP32, packed forms and the INT8 `forms` of one model (`make demo` builds only the served form: the
@@ -234,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search", action="store_true",
                         help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--budget-minutes", type=float, metavar="M",
-                        help="cap each form's search at M minutes of wall clock (it reports the best it found)")
+                        help="cap the whole search of a model (floors and both forms) at M minutes of wall clock "
+                             f"(default {recipe.DEFAULT_BUDGET_S // 60}; 0: no cap); it reports the best it found "
+                             "and what the budget cut")
     parser.add_argument("--form", choices=list(recipe.FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
     parser.add_argument("--choose-runtime", action="store_true",
@@ -249,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
                        progress=not args.no_progress, search_if_missing=True,
-                       search_budget_s=args.budget_minutes * 60 if args.budget_minutes else None,
+                       search_budget_s=recipe.DEFAULT_BUDGET_S if args.budget_minutes is None
+                       else args.budget_minutes * 60 or None,
                        search_form=args.form, choose_runtime=args.choose_runtime)
         for outcome in result.outcomes:
             if outcome.status == "failed":

@@ -532,3 +532,53 @@ def test_the_speed_gate_judges_the_interval_not_the_median():
     assert target.metric == "int8_speedup_lo" and target.value == 1.0
     assert not target.met({"int8_speedup": 1.31, "int8_speedup_lo": 0.98})  # a median above, noise across 1.0
     assert target.met({"int8_speedup": 1.12, "int8_speedup_lo": 1.04})
+
+
+def test_a_budget_cuts_steps_that_would_not_fit_and_says_which(tiny):
+    path, _ = tiny
+    free = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                         min_int8_share=0.0).run()
+    assert not free.cuts
+    budget = free.seconds / 2
+    logs: list[str] = []
+    cut = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=logs.append,
+                        min_int8_share=0.0, budget_s=budget).run()
+    assert cut.cuts, "half the time a whole search took, and nothing was cut"
+    assert any("not started" in line for line in logs)
+    first = cut.cuts[0]
+    assert first["estimate_s"] is None or first["estimate_s"] > first["left_s"]
+    # Nothing but the starts and a found candidate's confirmation runs past the point the budget stopped it.
+    assert len(cut.steps) < len(free.steps)
+    longest = max(s.seconds for s in free.steps)
+    assert cut.seconds <= budget + 3 * longest + 1.0, (cut.seconds, budget)
+
+
+def test_the_kinds_prior_is_tried_first(tiny):
+    path, _ = tiny
+    spec = TinySpec()
+    for prior in ("int8", "uint8"):  # whichever measured better at the start, the prior's form goes first
+        spec.SEARCH_PRIOR = {"form": prior, "calibrate_method": "entropy"}
+        s = search.Search(spec, path, ["int8", "uint8"], check_speed=False, progress=False, log=lambda _m: None)
+        tracks = s.start()
+        assert [t.recipe.form for t in tracks][0] == prior
+    names = [name for name, _ in s.variants(tracks[0])]
+    assert names[0] == "as started" and names[1] == "as started + calibrate=entropy", names
+    spec.SEARCH_PRIOR = {}
+    plain = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    assert [n for n, _ in plain.variants(tracks[0])][1] == "as started + calibrate=percentile"
+
+
+@pytest.mark.parametrize("flag,budget", [([], 15 * 60), (["--budget-minutes", "5"], 300),
+                                         (["--budget-minutes", "0"], None)])
+def test_a_search_is_capped_at_fifteen_minutes_unless_told(monkeypatch, flag, budget):
+    from tritonkit import build
+
+    seen = {}
+
+    def capture(name, **kwargs):
+        seen.update(kwargs)
+        return build.BuildResult(name, Path("fp32.onnx"), None, [], outcomes=[])
+
+    monkeypatch.setattr(build, "build", capture)
+    build.main(["text_embedding", "--search", *flag])
+    assert seen["search_budget_s"] == budget

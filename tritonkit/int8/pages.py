@@ -66,6 +66,10 @@ def render_markdown(report: dict) -> str:
             lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {s['distortion']:.3f} | "
                          f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
         lines += ["", "Time by stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())]
+        if search.get("cuts"):
+            lines += ["", "Cut by the budget (not started: the estimate did not fit in what was left): " + "; ".join(
+                f"{c['stage']} `{c['what']}`" + (f" (about {c['estimate_s']:.0f} s" if c.get("estimate_s") else " (")
+                + f"{', ' if c.get('estimate_s') else ''}{c['left_s']:.0f} s left)" for c in search["cuts"])]
         for sens in search.get("sensitivity") or []:
             top = sens["units"][:8]
             lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "

@@ -92,11 +92,18 @@ def _log(msg: str) -> None:
 
 # -- search --------------------------------------------------------------------------------------------------
 
-def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = None,
+# A whole search of one model (both forms) by default: a new model's `make build` ends within it on 2 cores.
+DEFAULT_BUDGET_S = 15 * 60
+# The served form's share when both forms are searched: it serves every CPU replica; TensorRT's form gets the rest
+# (it reuses the served search's graphs, calibrations and references, so it needs less).
+SERVED_SHARE = 2 / 3
+
+
+def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEFAULT_BUDGET_S,
            only: str | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> dict:
-    """Search both forms (or `only` one, keeping the other's committed recipe and log), each within budget_s when
-    given; write the committed recipe file and the full search report; returns the recipe data. `speed_variants`:
-    the runtime variants that serve the FP32 and INT8 models here, which the speed gate times."""
+    """Search both forms (or `only` one, keeping the other's committed recipe and log) within `budget_s` in all
+    (None: unbounded); write the committed recipe file and the full search report; returns the recipe data.
+    `speed_variants`: the runtime variants that serve the FP32 and INT8 models here, which the speed gate times."""
     from tritonkit.export import write_json
 
     t0 = time.perf_counter()
@@ -128,7 +135,13 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = Non
                 continue
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
             half = form_floor(kind, fp32, form)
-            searcher = Search(kind, fp32, forms, check_speed=form == "served", budget_s=budget_s, progress=progress,
+            left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
+            if left is not None and form == "served" and only is None:
+                left *= SERVED_SHARE
+            if left is not None and left <= 0:
+                _log(f"{kind.NAME}: the {form} form gets no search time: the budget ({budget_s / 60:.0f} min) is spent")
+            searcher = Search(kind, fp32, forms, check_speed=form == "served", budget_s=max(left, 1.0) if left is
+                              not None else None, progress=progress,
                               log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
                               speed_variants=speed_variants)
             result = searcher.run()
@@ -403,7 +416,7 @@ def _search_summary(kind, form: str) -> dict:
     if not path.exists():
         return {"note": f"search report not on this machine; re-run with `{search_command(kind)}`"}
     full = json.loads(path.read_text())["search"].get(form, {})
-    return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed")}
+    return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed", "cuts")}
 
 
 def _loud(msg: str) -> None:

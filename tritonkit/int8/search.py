@@ -38,6 +38,8 @@ from tritonkit.int8.settings import QuantRecipe
 from tritonkit.kinds.gates import Target, missed
 from tritonkit.serving.runtimes import DEFAULT, open_variant
 
+# Steps that may use the time kept back for a found candidate (Search._reserve).
+RESERVED = ("confirm", "speed", "test")
 PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
 # A strongly typed TensorRT network runs a Q/DQ graph's float nodes in FP32: at a quarter of INT8's tensor-core
 # rate and half FP16's, an INT8 plan beats the FP16 plan only with over 2/3 of its multiply-accumulates in INT8.
@@ -55,6 +57,9 @@ class SearchSpec(Protocol):
     SPEED_TARGET: Target  # INT8 vs FP32 at the served batch sizes ("int8_speedup")
     SPEED_BATCHES: Sequence[int]
     SERVE_THREADS: int
+    # Optional: the knobs to try first ({"form", "placement", "smooth_alpha", "weight_rounding", "calibrate_method"}),
+    # what won on the kind's shipped models, so a budget that ends early has tried them.
+    SEARCH_PRIOR: dict
 
     def calibration_batches(self): ...
     def calibration_batch_count(self) -> int: ...
@@ -164,6 +169,7 @@ class SearchResult:
     seconds: float
     passed: bool
     reason: str = ""
+    cuts: list[dict] = field(default_factory=list)  # steps the budget did not start: stage, what, estimate, left
 
     def to_json(self) -> dict:
         return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
@@ -433,6 +439,10 @@ class Search:
         self.rank_targets = [*self.targets["validation"], *getattr(spec, "PROXY_TARGETS", [])]
         self.steps: list[Step] = []
         self.sensitivity: list[dict] = []
+        self.cuts: list[dict] = []
+        self._durations: dict[str, list[float]] = {}  # seconds of each finished step, by kind of step
+        self._stopped = False  # a step did not fit in what was left: nothing more is started
+        self._bar = None
         self._own = workspace is None  # a workspace passed in outlives this search; its owner closes it
         self.ws = workspace or Workspace()
         self._sample: Evaluator | None = None
@@ -475,10 +485,12 @@ class Search:
             # An unsmoothed graph's pass also takes what SmoothQuant variants read (per-channel max |x|).
             channels = [] if r.smooth_alpha is not None or "MatMul" not in self.spec.WEIGHT_OPS else \
                 list(smoothable_tensors(graph))
+            t0 = time.perf_counter()
             self.ws.stats[digest] = collect(graph, self.spec.calibration_batches, prepared.path.parent,
                                             [m for m, _ in self._applicable_methods()],
                                             self.spec.calibration_batch_count(), self.progress,
                                             desc=f"calibrate {r.describe()}", channels=channels)
+            self._took("calibrate", time.perf_counter() - t0)
         key = (digest, r.calibrate_method, json.dumps(r.extra_options))
         if key not in self.ws.ranges:
             self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)
@@ -534,6 +546,9 @@ class Search:
         """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph."""
         from tritonkit.errors import QuantizationError
 
+        kind = f"{stage}:{'sample' if evaluator is not None else 'split'}"
+        if not self.fits(kind, change, self._step_estimate(kind, r)):
+            return None
         t0 = time.perf_counter()
         try:
             model = self.build(r)
@@ -550,12 +565,71 @@ class Search:
         step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
                     passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
         self.steps.append(step)
+        self._took(kind, step.seconds)
         self.log(f"  {stage:<11} {change:<42} {_summary(self.targets['validation'], metrics)}"
                  + (f" speed x{sp:.2f}" if sp is not None else "") + (" PASS" if step.passed else ""))
         return step
 
     def spent(self) -> bool:
-        return time.perf_counter() > self._deadline
+        return self._stopped or time.perf_counter() > self._deadline
+
+    # -- the budget: steps are estimated from those of their kind already timed; one that does not fit is not started
+
+    def _took(self, kind: str, seconds: float) -> None:
+        self._durations.setdefault(kind, []).append(seconds)
+        if self._bar is not None:
+            self._bar.n = min(self._bar.total, round(time.perf_counter() - self._t0))
+            self._bar.set_postfix_str(kind, refresh=True)
+
+    def estimate(self, kind: str) -> float | None:
+        """The median time of the steps of `kind` done so far (None: none yet)."""
+        done = self._durations.get(kind)
+        return float(np.median(done)) if done else None
+
+    def _step_estimate(self, kind: str, r: Recipe) -> float | None:
+        """A candidate's evaluation plus what its graph still needs: preparing (GPTQ reads the calibration data
+        once per chunk of layers) and calibrating. None when no step of its kind has been timed yet."""
+        step = self.estimate(kind)
+        if step is None:
+            return None
+        calibrate = self.estimate("calibrate") or 0.0
+        key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
+        if key in self.ws.prepared:
+            prepared = self.ws.prepared[key]
+            return step + (0.0 if self._digest(prepared.base or prepared.path) in self.ws.stats else calibrate)
+        from tritonkit.int8.rounding import STAGES
+
+        passes = 1 + (STAGES if r.weight_rounding == "gptq" else 0) + (1 if r.bias_correction else 0)
+        return step + passes * calibrate
+
+    def _reserve(self) -> float:
+        """Kept back from every other step: confirming a found candidate on the whole validation split, timing it
+        at the served batch sizes and measuring the test split. Before those were timed, from a start's sample
+        evaluation (the whole split is about three samples)."""
+        sample = self.estimate("start:sample") or 0.0
+        return ((self.estimate("confirm:split") or 3 * sample) + (self.estimate("speed") or sample)
+                + (self.estimate("test") or 3 * sample))
+
+    def fits(self, kind: str, what: str, estimate: float | None = None) -> bool:
+        """Whether a step can finish in what is left of the budget; one that cannot is not started, recorded in
+        `cuts`, and nothing after it is. The starts always run (a search reports at least them); confirming and
+        timing a found candidate may use the reserve kept for them."""
+        if kind.startswith("start:"):
+            return True
+        reserved = kind.split(":")[0] in RESERVED
+        if self.budget_s is None:
+            return reserved or not self._stopped
+        left = self._deadline - time.perf_counter() - (0.0 if reserved else self._reserve())
+        if (reserved or not self._stopped) and (estimate <= left if estimate is not None else left > 0):
+            return True
+        if reserved or not self._stopped:  # once stopped, later steps are not started, nor listed one by one
+            self.cuts.append({"stage": kind, "what": what, "estimate_s": round(estimate, 1) if estimate else None,
+                              "left_s": round(max(left, 0.0), 1)})
+            self.log(f"  budget: {kind} '{what}' not started ("
+                     + (f"about {estimate:.0f} s, " if estimate else "") + f"{max(left, 0.0):.0f} s left)")
+        if not reserved:
+            self._stopped = True
+        return False
 
     def int8_share(self, r: Recipe) -> float:
         """The share of the weighted multiply-accumulates `r` leaves in INT8 (on its prepared graph, where merged
@@ -590,8 +664,14 @@ class Search:
                     step.speedup < self.spec.SPEED_TARGET.value
         # Units put back in float only slow a graph down: a start already under the speed gate goes last, whatever
         # its accuracy (Lite0's uint8/inputs start ran 1.07x and took a whole budget; uint8/all ran 1.89x).
-        tracks.sort(key=lambda t: (slow[t.recipe.describe()], t.distortion))
+        # Then the kind's prior (what won on its shipped models), then the lowest distortion.
+        tracks.sort(key=lambda t: (slow[t.recipe.describe()], not self._is_prior(t.recipe, ("form", "placement")),
+                                   t.distortion))
         return tracks[: self.max_tracks]
+
+    def _is_prior(self, r: Recipe, knobs: Sequence[str]) -> bool:
+        prior = getattr(self.spec, "SEARCH_PRIOR", None) or {}
+        return bool(prior) and all(getattr(r, k) == prior[k] for k in knobs if k in prior)
 
     def variants(self, track: Track) -> list[tuple[str, Recipe]]:
         """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction or GPTQ
@@ -606,7 +686,9 @@ class Search:
         methods = self._applicable_methods()[1:]
         out += [(f"{name} + calibrate={m}", replace(r, calibrate_method=m, extra_options=x))
                 for name, r in list(out) for m, x in methods]
-        return out
+        # The start (measured already) first, then the kind's prior knobs, so a budget that ends early tried them.
+        knobs = ("smooth_alpha", "weight_rounding", "bias_correction", "calibrate_method")
+        return sorted(out, key=lambda v: (v[0] != "as started", not self._is_prior(v[1], knobs)))
 
     def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
         from tqdm import tqdm
@@ -623,15 +705,17 @@ class Search:
         ranked = []
         for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
                                   disable=not self.progress):
-            if self.spent():
+            if self.spent() or not self.fits("unit:sample", unit, self.estimate("unit:sample")):
                 self.log(f"  budget spent: sensitivity ranked for {len(ranked)} of {len(units)} units")
                 break
+            t1 = time.perf_counter()
             try:
                 model = self.build(replace(track.recipe, float_nodes=members))
             except QuantizationError:
                 continue
             gain = base - distortion(self.rank_targets, self.sample.metrics(model, exact=self.exact))
             ranked.append((unit, members, gain))
+            self._took("unit:sample", time.perf_counter() - t1)
         ranked.sort(key=lambda u: -u[2])
         self.sensitivity.append({"recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
                                  "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
@@ -733,9 +817,15 @@ class Search:
         return None
 
     def run(self) -> SearchResult:
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         if self.budget_s:
+            from tqdm import tqdm
+
             self._deadline = t0 + self.budget_s
+            # Elapsed against the budget; its remaining time is the latest the search can end.
+            self._bar = tqdm(total=round(self.budget_s), desc=f"search {self.form} budget", unit="s",
+                             disable=not self.progress, bar_format="{desc}: {n}/{total} s [{elapsed}<{remaining}] "
+                                                                   "{postfix}")
         self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate"
                  + (f", budget {self.budget_s / 60:.0f} min" if self.budget_s else ""))
         failed: list[dict] = []
@@ -778,9 +868,13 @@ class Search:
                     if best is not None:
                         failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
                     continue
+                if self.check_speed and not self.fits("speed", recipe.describe(), self.estimate("speed")):
+                    break
+                t1 = time.perf_counter()
                 speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES,
                                 variants=self.speed_variants, separate_from=self.spec.SPEED_TARGET.value) \
                     if self.check_speed else {}
+                self._took("speed", time.perf_counter() - t1)
                 self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
                 finals.append((recipe, speed))
             if self.check_speed:
@@ -810,7 +904,9 @@ class Search:
         model = self.build(recipe)
         validation = self.val.metrics(model, exact=self.exact)
         self.log("[search] confirming once on the test split")
+        t1 = time.perf_counter()
         test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
+        self._took("test", time.perf_counter() - t1)
         ok_test = passes(self.targets["test"], test)
         reason = "" if ok_test else "test split: " + "; ".join(missed(self.targets["test"], test))
         return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
@@ -819,8 +915,10 @@ class Search:
     def _result(self, recipe, validation, test, speed, failed, t0, reason, chosen=None) -> SearchResult:
         if self._own:
             self.ws.close()
+        if self._bar is not None:
+            self._bar.close()
         res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
-                           round(time.perf_counter() - t0, 1), recipe is not None, reason)
+                           round(time.perf_counter() - t0, 1), recipe is not None, reason, list(self.cuts))
         if chosen is not None and recipe is None:
             res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
         return res

@@ -69,6 +69,10 @@ def validation_texts(point: dict[str, int]) -> list[str]:
 
 class TextEmbedding(Kind):
     WEIGHT_OPS = ("MatMul",)
+    # What the INT8 search tries first (tritonkit.int8.search.SearchSpec): MiniLM's winning knobs, served and
+    # TensorRT forms alike (models/text_embedding.int8.json), so a budget that ends early has tried them.
+    SEARCH_PRIOR: ClassVar[dict] = {"form": "uint8", "placement": "inputs", "smooth_alpha": 0.8,
+                                    "calibrate_method": "minmax"}
     SERVE_THREADS = 1
     SPEED_BATCHES = (1, 8, 32)
     DATA_FILES = (data.EVAL_CORPUS,)
