@@ -855,12 +855,12 @@ class Search:
                 if step is not None:
                     scored.append((step.distortion, name, variant))
             scored.sort(key=lambda v: v[0])
-            if scored:  # the sample also carries the whole split's worst rows, which decide worst-case gates
+            if scored and not self.spent():  # the sample also carries the split's worst rows (worst-case gates)
                 hard = self.val.worst_rows(self.build(scored[0][2]), exact=self.exact)
                 self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra_rows=hard)
                 self.log(f"  sample: every {self.sample_stride}th batch + the {sum(map(len, hard.values()))} worst "
                          "rows of the split")
-            ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
+            ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored and not self.spent() else []
             finals = []
             for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
