@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class Statistics:
     histograms: dict[str, object] = field(default_factory=dict)  # method -> onnxruntime HistogramCollector
     channel_absmax: dict[str, np.ndarray] = field(default_factory=dict)  # tensor -> per-channel max |x| (SmoothQuant)
     batches: int = 0
+    run_s: float = 0.0  # of the pass, the graph runs alone (a plain forward pass costs about this)
 
     def ranges(self, method: str, extra_options: dict | None = None):
         """onnxruntime TensorsData of `method` ("minmax", "percentile", "entropy", "distribution")."""
@@ -119,7 +121,9 @@ def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: P
     bar = tqdm(total=max_batches, desc=desc, unit="batch", disable=not progress)
     channel_at = {c: outputs.index(c) for c in channels}
     for feeds in _limited(batches(), max_batches):
+        t0 = time.perf_counter()
         got = session.run(None, {k: v for k, v in feeds.items() if k in graph_inputs})
+        stats.run_s += time.perf_counter() - t0
         stats.batches += 1
         bar.update(1)
         for name, i in channel_at.items():

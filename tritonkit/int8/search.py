@@ -497,6 +497,7 @@ class Search:
             # Without the twin's preparing it may have triggered (a SmoothQuant graph reads its twin's pass).
             took = time.perf_counter() - t0 - (self._setup_s - setup)
             self._took("calibrate", took)
+            self._took("forward", self.ws.stats[digest].run_s)
             self._setup_s += took
         key = (digest, r.calibrate_method, json.dumps(r.extra_options))
         if key not in self.ws.ranges:
@@ -607,8 +608,9 @@ class Search:
             return step + (0.0 if self._digest(prepared.base or prepared.path) in self.ws.stats else calibrate)
         from tritonkit.int8.rounding import STAGES
 
-        passes = 1 + (STAGES if r.weight_rounding == "gptq" else 0) + (1 if r.bias_correction else 0)
-        return step + passes * calibrate
+        # GPTQ and bias correction read the data in plain forward passes (GPTQ one per chunk of layers).
+        forwards = (STAGES if r.weight_rounding == "gptq" else 0) + (1 if r.bias_correction else 0)
+        return step + calibrate + forwards * (self.estimate("forward") or calibrate)
 
     def _reserve(self) -> float:
         """Kept back from every other step: confirming a found candidate on the whole validation split, timing it
