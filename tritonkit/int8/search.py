@@ -597,10 +597,13 @@ class Search:
 
     def _step_estimate(self, kind: str, r: Recipe) -> float | None:
         """A candidate's evaluation plus what its graph still needs: preparing (GPTQ reads the calibration data
-        once per chunk of layers) and calibrating. None when no step of its kind has been timed yet."""
+        once per chunk of layers) and calibrating. None before any start was timed."""
         step = self.estimate(kind)
-        if step is None:
-            return None
+        if step is None:  # the first of its kind: a start's sample evaluation (a whole split is about three)
+            sample = self.estimate("start:sample")
+            if sample is None:
+                return None
+            step = sample * (1 if kind.endswith(":sample") else self.sample_stride)
         calibrate = self.estimate("calibrate") or 0.0
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key in self.ws.prepared:
