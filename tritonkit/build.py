@@ -227,7 +227,12 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     return BuildResult(name, fp32, served.path, built, served.status, trt.path if trt else None, outcomes)
 
 
-def main(argv: list[str] | None = None) -> int:
+def budget_from_minutes(minutes: float | None) -> float | None:
+    """Seconds for a whole search of one model: the default when not given, none (unbounded) for 0."""
+    return recipe.DEFAULT_BUDGET_S if minutes is None else minutes * 60 or None
+
+
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tritonkit.build", description=__doc__.splitlines()[0])
     parser.add_argument("target", choices=[*kinds.names(), *kinds.ALIASES, "all"])
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
@@ -235,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search", action="store_true",
                         help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--budget-minutes", type=float, metavar="M",
-                        help="cap the whole search of a model (floors and both forms) at M minutes of wall clock "
+                        help="cap the whole INT8 search of a model (its floors and both forms together; also when "
+                             "`make build` searches a model with no committed recipe) at M minutes of wall clock "
                              f"(default {recipe.DEFAULT_BUDGET_S // 60}; 0: no cap); it reports the best it found "
                              "and what the budget cut")
     parser.add_argument("--form", choices=list(recipe.FORMS),
@@ -244,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-time every served file on ONNX Runtime and OpenVINO for this CPU class "
                              "(models/<name>.runtime.json; commit it)")
     parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
     if args.form and not args.search:
         parser.error("--form only applies with --search")
@@ -252,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
                        progress=not args.no_progress, search_if_missing=True,
-                       search_budget_s=recipe.DEFAULT_BUDGET_S if args.budget_minutes is None
-                       else args.budget_minutes * 60 or None,
+                       search_budget_s=budget_from_minutes(args.budget_minutes),
                        search_form=args.form, choose_runtime=args.choose_runtime)
         for outcome in result.outcomes:
             if outcome.status == "failed":

@@ -42,3 +42,16 @@ def test_a_fallback_page_says_so_and_a_search_lists_its_steps_and_time():
     assert pages.stage_seconds(search) == {"start": 60.0, "sensitivity": 30.0, "other": 10.0}
     no_floor = pages.render_markdown(_report(floor={"precision": "bf16", "unavailable": "no bf16 on this CPU"}))
     assert "No bf16 floor here (no bf16 on this CPU): the absolute gates decide." in no_floor
+
+
+def test_a_page_lists_what_the_budget_cut():
+    step = {"stage": "start", "change": "form=int8", "recipe": "int8-all", "seconds": 60.0, "distortion": 1.5,
+            "passed": False}
+    cuts = [{"stage": "variant:sample", "what": "smooth_alpha=0.5", "estimate_s": 41.2, "left_s": 12.0,
+             "reserve_s": 90.0, "at_s": 798.4},
+            {"stage": "speed", "what": "uint8-all-minmax +3 float", "estimate_s": None, "left_s": 0.0}]
+    page = pages.render_markdown(_report(search={"seconds": 900.0, "steps": [step], "cuts": cuts}))
+    assert "Cut by the budget" in page
+    assert "- variant:sample `smooth_alpha=0.5` at 798 s: about 41 s, 12 s left" in page
+    assert "- speed `uint8-all-minmax +3 float`: 0 s left" in page
+    assert "Cut by the budget" not in pages.render_markdown(_report(search={"seconds": 1.0, "steps": [step]}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def test_a_spent_budget_stops_the_search_and_says_so(tiny):
                            log=logs.append).run()
     # The starting points are always measured; past the budget nothing is added, and the reason names it.
     assert not result.passed and "budget" in result.reason
-    assert {s.stage for s in result.steps} <= {"start", "variant", "fallback"}
+    assert [s.stage for s in result.steps] == ["start"]
+    assert result.cuts and result.cuts[0]["what"] == "as started + calibrate=percentile", result.cuts
     assert any("budget" in line for line in logs)
 
 
@@ -534,23 +536,90 @@ def test_the_speed_gate_judges_the_interval_not_the_median():
     assert target.met({"int8_speedup": 1.12, "int8_speedup_lo": 1.04})
 
 
-def test_a_budget_cuts_steps_that_would_not_fit_and_says_which(tiny):
+class _SlowSpec(TinySpec):
+    """Scoring takes DELAY per 64 rows, like a real model's evaluation: a known floor under every evaluation's
+    time, so a test can say what a budget could afford without reading the search's own estimates. Six validation
+    batches: the search's sample (every third) is a third of the split, as on the shipped models."""
+
+    NAME = "tiny-slow"  # its own FP32 references: the validation split differs from TinySpec's
+    DELAY = 0.04
+
+    def __init__(self):
+        super().__init__()
+        self.data["validation"] = np.random.default_rng(1).standard_normal((384, 16)).astype(np.float32)
+        self.SEARCH_PRIOR = {"calibrate_method": "entropy"}  # not the listed order's first variant (percentile)
+
+    def gate_metrics(self, ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+        time.sleep(self.DELAY * len(ref) / 64)
+        return super().gate_metrics(ref, got)
+
+
+_QUIET = {"check_speed": False, "progress": False, "log": lambda _m: None, "min_int8_share": 0.0}
+
+
+@pytest.fixture(scope="module")
+def unbudgeted(tiny):
+    """The slow spec's whole search: the faster of two (a process's first pays onnxruntime's warm-up)."""
     path, _ = tiny
-    free = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                         min_int8_share=0.0).run()
-    assert not free.cuts
-    budget = free.seconds / 2
+    spec = _SlowSpec()
+    return spec, min((search.Search(spec, path, ["int8"], **_QUIET).run() for _ in range(2)), key=lambda r: r.seconds)
+
+
+@pytest.mark.parametrize("share", [0.5, 0.7, 0.85])
+def test_a_budget_never_starts_a_step_it_cannot_afford_and_lists_what_it_cut(tiny, unbudgeted, share):
+    path, _ = tiny
+    spec, free = unbudgeted
+    assert free.passed and not free.cuts
+    assert next(s.change for s in free.steps if s.stage == "variant") == "as started + calibrate=entropy"
+    budget = free.seconds * share
     logs: list[str] = []
-    cut = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=logs.append,
-                        min_int8_share=0.0, budget_s=budget).run()
-    assert cut.cuts, "half the time a whole search took, and nothing was cut"
+    cut = search.Search(spec, path, ["int8"], budget_s=budget, **{**_QUIET, "log": logs.append}).run()
+    assert cut.cuts, f"{share} of the time a whole search took, and nothing was cut"
     assert any("not started" in line for line in logs)
-    first = cut.cuts[0]
-    assert first["estimate_s"] is None or first["estimate_s"] >= first["left_s"]  # (both rounded to 0.1 s)
-    # Nothing but the starts and a found candidate's confirmation runs past the point the budget stopped it.
-    assert len(cut.steps) < len(free.steps)
-    longest = max(s.seconds for s in free.steps)
-    assert cut.seconds <= budget + 3 * longest + 1.0, (cut.seconds, budget)
+
+    def median_before(i: int, stage: str) -> float | None:
+        """What the steps of `stage` before step i took (one graph here: no calibration inside them)."""
+        same = [e.seconds for e in cut.steps[:i] if e.stage == stage]
+        return float(np.median(same)) if same else None
+
+    for i, s in enumerate(cut.steps[1:], 1):  # the first start runs whatever the budget
+        # Started only with its estimate inside what the test's own clock says was left, less a reserve.
+        assert s.estimate_s is not None and s.estimate_s <= s.left_s <= budget - s.started_s + 0.002, (s, budget)
+        assert s.estimate_s >= spec.DELAY, s  # every evaluation takes DELAY at least: an estimate under it is wrong
+        if s.stage in ("variant", "fallback") and median_before(i, s.stage) is not None:
+            assert s.estimate_s == pytest.approx(median_before(i, s.stage), abs=0.002), s
+    for c in cut.cuts:
+        # Not started because its estimate exceeded what was left on the test's clock less the reserve (a found
+        # candidate's confirmation and test split: two evaluations, 2 DELAY at least).
+        assert c["reserve_s"] >= 2 * spec.DELAY and c["left_s"] <= budget - c["at_s"] + 0.002, c
+        assert c["left_s"] == pytest.approx(max(0.0, budget - c["at_s"] - c["reserve_s"]), abs=0.002), c
+        assert (c["estimate_s"] is None and c["left_s"] == 0) or c["estimate_s"] > c["left_s"] - 0.001, c
+        if c["stage"] in ("variant:sample", "fallback:sample"):
+            i = sum(s.started_s <= c["at_s"] for s in cut.steps)
+            if median_before(i, c["stage"].split(":")[0]) is not None:
+                assert c["estimate_s"] >= median_before(i, c["stage"].split(":")[0]) - 0.002, c
+    for j, c in enumerate(cut.cuts):
+        if c["stage"].startswith(("fallback", "track")):  # a step the search needs: nothing after it but checks
+            assert all(s.stage == "confirm" for s in cut.steps if s.started_s > c["at_s"]), (c, cut.steps)
+            assert all(x["stage"].startswith(search.RESERVED) for x in cut.cuts[j + 1:]), cut.cuts
+    # A variant other than the prior's starts only with room left for the rest of its track, each part estimated at
+    # no less than its evaluations take (a sample: 2 DELAY; the whole split, three samples; 3 Gemm units): itself
+    # 2, the resample 6 + 2, the scan 4 x 2, one fallback (5 candidates over 3 units) 5 x 2, the reserve 2 x 6.
+    for s in cut.steps:
+        if s.stage == "variant" and s.change != "as started + calibrate=entropy":
+            assert budget - s.started_s >= (2 + 8 + 8 + 10 + 12) * spec.DELAY, (s, budget)
+    # An option that did not fit (a knob variant, the resample, a sensitivity unit) is skipped alone: the search
+    # went on to its next phase, which ran or was cut in its turn.
+    phases = ["variant:sample", "resample", "unit:sample", "fallback:sample"]
+    cut_phases = [phases.index(c["stage"]) for c in cut.cuts if c["stage"] in phases]
+    ran_after = [s for s in cut.steps if s.stage == "fallback"]
+    if cut_phases and cut_phases[0] < 3:
+        assert max(cut_phases) > cut_phases[0] or ran_after, cut.cuts
+    # The prior's variant was tried (or cut) before any other.
+    tried = [s.change for s in cut.steps if s.stage == "variant"] or \
+        [c["what"] for c in cut.cuts if c["stage"] == "variant:sample"]
+    assert tried[0] == "as started + calibrate=entropy", tried
+    assert cut.seconds <= budget + 6 * spec.DELAY + 0.5, (cut.seconds, budget)
 
 
 def test_the_kinds_prior_is_tried_first(tiny):
@@ -560,7 +629,8 @@ def test_the_kinds_prior_is_tried_first(tiny):
         spec.SEARCH_PRIOR = {"form": prior, "calibrate_method": "entropy"}
         s = search.Search(spec, path, ["int8", "uint8"], check_speed=False, progress=False, log=lambda _m: None)
         tracks = s.start()
-        assert [t.recipe.form for t in tracks][0] == prior
+        assert tracks[0].recipe.form == prior
+        assert s.steps[0].change == f"form={prior} placement=inputs", "the prior's start was not measured first"
     names = [name for name, _ in s.variants(tracks[0])]
     assert names[0] == "as started" and names[1] == "as started + calibrate=entropy", names
     spec.SEARCH_PRIOR = {}
@@ -570,15 +640,25 @@ def test_the_kinds_prior_is_tried_first(tiny):
 
 @pytest.mark.parametrize("flag,budget", [([], 15 * 60), (["--budget-minutes", "5"], 300),
                                          (["--budget-minutes", "0"], None)])
-def test_a_search_is_capped_at_fifteen_minutes_unless_told(monkeypatch, flag, budget):
+def test_a_search_is_capped_at_fifteen_minutes_unless_told(flag, budget):
+    import inspect
+
     from tritonkit import build
+    from tritonkit.int8 import recipe
 
-    seen = {}
+    args = build.arguments().parse_args(["text_embedding", *flag])
+    assert build.budget_from_minutes(args.budget_minutes) == budget
+    # Library callers (and `make build` of a model with no committed recipe) get the same default.
+    for fn, name in ((build.build, "search_budget_s"), (build.build_int8, "search_budget_s"),
+                     (recipe.search, "budget_s")):
+        assert inspect.signature(fn).parameters[name].default == 15 * 60, fn
 
-    def capture(name, **kwargs):
-        seen.update(kwargs)
-        return build.BuildResult(name, Path("fp32.onnx"), None, [], outcomes=[])
 
-    monkeypatch.setattr(build, "build", capture)
-    build.main(["text_embedding", "--search", *flag])
-    assert seen["search_budget_s"] == budget
+def test_the_served_form_gets_two_thirds_of_what_is_left_and_tensorrt_the_rest():
+    from tritonkit.int8 import recipe
+
+    assert recipe.form_budget_s(900, 60, "served", both=True) == pytest.approx(560)
+    assert recipe.form_budget_s(900, 600, "tensorrt", both=True) == pytest.approx(300)
+    assert recipe.form_budget_s(900, 60, "served", both=False) == pytest.approx(840)  # --form served: all of it
+    assert recipe.form_budget_s(900, 950, "tensorrt", both=True) == 1.0  # spent: the first start only
+    assert recipe.form_budget_s(None, 60, "served", both=True) is None

@@ -67,14 +67,21 @@ def render_markdown(report: dict) -> str:
                          f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
         lines += ["", "Time by stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())]
         if search.get("cuts"):
-            lines += ["", "Cut by the budget (not started: the estimate did not fit in what was left): " + "; ".join(
-                f"{c['stage']} `{c['what']}`" + (f" (about {c['estimate_s']:.0f} s" if c.get("estimate_s") else " (")
-                + f"{', ' if c.get('estimate_s') else ''}{c['left_s']:.0f} s left)" for c in search["cuts"])]
+            lines += ["", "Cut by the budget (not started: its estimate did not fit in what was left, less the reserve "
+                      "for a found candidate's checks; an option is skipped alone, a fallback step ends the search):",
+                      ""]
+            lines += [_cut(c) for c in search["cuts"]]
         for sens in search.get("sensitivity") or []:
             top = sens["units"][:8]
             lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
                       + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
     return "\n".join(lines) + "\n"
+
+
+def _cut(c: dict) -> str:
+    at = f" at {c['at_s']:.0f} s" if c.get("at_s") is not None else ""
+    about = f"about {c['estimate_s']:.0f} s, " if c.get("estimate_s") is not None else ""
+    return f"- {c['stage']} `{c['what']}`{at}: {about}{c['left_s']:.0f} s left"
 
 
 def stage_seconds(search: dict) -> dict[str, float]:

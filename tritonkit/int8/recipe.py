@@ -99,6 +99,16 @@ DEFAULT_BUDGET_S = 15 * 60
 SERVED_SHARE = 2 / 3
 
 
+def form_budget_s(budget_s: float | None, elapsed_s: float, form: str, both: bool) -> float | None:
+    """What one form's search may spend of a model's `budget_s` after `elapsed_s` (floors, an earlier form): the
+    served form SERVED_SHARE of it when the TensorRT form comes after, the TensorRT form all that is left. At least
+    a second: a search always measures its first start (tritonkit.int8.search.Search.start)."""
+    if budget_s is None:
+        return None
+    left = budget_s - elapsed_s
+    return max(left * SERVED_SHARE if form == "served" and both else left, 1.0)
+
+
 def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEFAULT_BUDGET_S,
            only: str | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> dict:
     """Search both forms (or `only` one, keeping the other's committed recipe and log) within `budget_s` in all
@@ -135,13 +145,11 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                 continue
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
             half = form_floor(kind, fp32, form)
-            left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
-            if left is not None and form == "served" and only is None:
-                left *= SERVED_SHARE
-            if left is not None and left <= 0:
+            elapsed = time.perf_counter() - t0
+            if budget_s is not None and elapsed >= budget_s:
                 _log(f"{kind.NAME}: the {form} form gets no search time: the budget ({budget_s / 60:.0f} min) is spent")
-            searcher = Search(kind, fp32, forms, check_speed=form == "served", budget_s=max(left, 1.0) if left is
-                              not None else None, progress=progress,
+            searcher = Search(kind, fp32, forms, check_speed=form == "served",
+                              budget_s=form_budget_s(budget_s, elapsed, form, only is None), progress=progress,
                               log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
                               speed_variants=speed_variants)
             result = searcher.run()

@@ -40,6 +40,8 @@ from tritonkit.serving.runtimes import DEFAULT, open_variant
 
 # Steps that may use the time kept back for a found candidate (Search._reserve).
 RESERVED = ("confirm", "speed", "test")
+# A track's knob variants (Search.variants), which a kind's SEARCH_PRIOR may name besides form and placement.
+KNOBS = ("smooth_alpha", "weight_rounding", "bias_correction", "calibrate_method")
 PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
 # A strongly typed TensorRT network runs a Q/DQ graph's float nodes in FP32: at a quarter of INT8's tensor-core
 # rate and half FP16's, an INT8 plan beats the FP16 plan only with over 2/3 of its multiply-accumulates in INT8.
@@ -57,8 +59,8 @@ class SearchSpec(Protocol):
     SPEED_TARGET: Target  # INT8 vs FP32 at the served batch sizes ("int8_speedup")
     SPEED_BATCHES: Sequence[int]
     SERVE_THREADS: int
-    # Optional: the knobs to try first ({"form", "placement", "smooth_alpha", "weight_rounding", "calibrate_method"}),
-    # what won on the kind's shipped models, so a budget that ends early has tried them.
+    # Optional: the knobs to try first ("form", "placement" and KNOBS' names), what won on the kind's shipped models,
+    # so a budget that ends early has tried them.
     SEARCH_PRIOR: dict
 
     def calibration_batches(self): ...
@@ -154,6 +156,11 @@ class Step:
     passed: bool
     speedup: float | None = None
     seconds: float = 0.0
+    # When it began (seconds from the search's start), and the estimate and budget left (less the reserve) it was
+    # started under (None: started whatever the budget): what the budget decided can be checked against the times.
+    started_s: float = 0.0
+    estimate_s: float | None = None
+    left_s: float | None = None
 
 
 @dataclass
@@ -169,7 +176,8 @@ class SearchResult:
     seconds: float
     passed: bool
     reason: str = ""
-    cuts: list[dict] = field(default_factory=list)  # steps the budget did not start: stage, what, estimate, left
+    # Steps the budget did not start: stage, what, estimate_s, left_s (after reserve_s), at_s (from the start)
+    cuts: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
@@ -443,6 +451,11 @@ class Search:
         self._durations: dict[str, list[float]] = {}  # seconds of each finished step, by kind of step
         self._stopped = False  # a step did not fit in what was left: nothing more is started
         self._setup_s = 0.0  # time spent preparing and calibrating graphs, kept apart from the steps' own
+        self._granted: tuple[float | None, float | None] = (None, None)  # the last step's estimate and left
+        self._planned: dict[str, int] = {}  # steps still planned, by kind: the progress bar's ETA
+        self._units: dict[Path, dict[str, list[str]]] = {}
+        self._split_metrics: dict[str, dict[str, float]] = {}  # whole-split metrics by recipe: not measured twice
+        self._t0 = time.perf_counter()  # reset by run()
         self._bar = None
         self._own = workspace is None  # a workspace passed in outlives this search; its owner closes it
         self.ws = workspace or Workspace()
@@ -550,28 +563,35 @@ class Search:
         return self._sample
 
     def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
-                evaluator: Evaluator | None = None) -> Step | None:
-        """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph."""
+                evaluator: Evaluator | None = None, must: bool = False, ahead: float | None = None) -> Step | None:
+        """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph or
+        the budget does not start it. `must`: run whatever the budget (a search's first start); `ahead`: an
+        optional step, skipped alone unless it leaves that many seconds (Search.fits)."""
         from tritonkit.errors import QuantizationError
 
         kind = f"{stage}:{'sample' if evaluator is not None else 'split'}"
-        if not self.fits(kind, change, self._step_estimate(kind, r)):
+        self._granted = (None, None)
+        if not must and not self.fits(kind, change, self._step_estimate(kind, r), ahead):
             return None
         t0, setup = time.perf_counter(), self._setup_s
+        started = (round(t0 - self._t0, 3), *self._granted)
         try:
             model = self.build(r)
         except QuantizationError as exc:
             self.log(f"  {stage:<11} {change:<42} rejected: {exc}")
             self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
-                                   round(time.perf_counter() - t0, 1)))
+                                   round(time.perf_counter() - t0, 3), *started))
             return None
         metrics = (evaluator or self.val).metrics(model, exact=self.exact)
+        if evaluator is None:
+            self._split_metrics[_key(r)] = metrics
         sp = None
         if speed and self.check_speed:
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
                          variants=self.speed_variants)["int8_speedup"]
         step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
-                    passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 1))
+                    passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 3),
+                    *started)
         self.steps.append(step)
         # A step's own cost, without the preparing and calibrating of a new graph it triggered (timed apart).
         self._took(kind, time.perf_counter() - t0 - (self._setup_s - setup))
@@ -586,24 +606,78 @@ class Search:
 
     def _took(self, kind: str, seconds: float) -> None:
         self._durations.setdefault(kind, []).append(seconds)
-        if self._bar is not None:
-            self._bar.n = min(self._bar.total, round(time.perf_counter() - self._t0))
-            self._bar.set_postfix_str(kind, refresh=True)
+        if self._planned.get(kind):
+            self._planned[kind] -= 1
+        self._progress(kind)
+
+    def _plan(self, kind: str, count: int) -> None:
+        """`count` steps of `kind` are still to come (the ETA counts them)."""
+        self._planned[kind] = max(0, count)
+        self._progress()
+
+    def eta(self) -> float | None:
+        """Seconds until the search ends: the planned steps at their estimates plus the reserve, capped by what is
+        left of the budget (None: nothing timed yet to go by)."""
+        if not self._durations:
+            return None
+        planned = sum(n * (self.estimate(k) or 0.0) for k, n in self._planned.items() if n) + self._reserve()
+        return max(0.0, min(planned, self._deadline - time.perf_counter()))
+
+    def _progress(self, kind: str = "") -> None:
+        if self._bar is None:
+            return
+        elapsed = time.perf_counter() - self._t0
+        self._bar.n = min(self._bar.total, round(elapsed)) if self._bar.total else round(elapsed)
+        eta = self.eta()
+        self._bar.set_description_str(f"search {self.form}, ETA {'?' if eta is None else _clock(eta)}"
+                                      + (f" (last: {kind})" if kind else ""), refresh=True)
+
+    def _plan_track(self, r: Recipe, variants: int, fallbacks: int | None = None) -> None:
+        """A track's steps still to come: `variants` knob variants, then the resample, the sensitivity scan of
+        `r`'s units and a fallback for each of the best variants (`fallbacks` of them measured)."""
+        units = len(self.units(r))
+        self._plan("variant:sample", variants)
+        self._plan("resample", 1)
+        self._plan("unit:sample", units + 1)
+        self._plan("fallback:sample", min(self.max_variants, fallbacks or variants + 1) * self._fallback_steps(units))
+
+    def _log_eta(self, phase: str) -> None:
+        """One log line per phase (a build's log has no progress bar)."""
+        if self._stopped:
+            return
+        eta = self.eta()
+        budget = f" of {self.budget_s:.0f} s" if self.budget_s else ""
+        self.log(f"  [{phase}] {time.perf_counter() - self._t0:.0f} s{budget} spent, ETA "
+                 f"{'?' if eta is None else _clock(eta)}")
 
     def estimate(self, kind: str) -> float | None:
-        """The median time of the steps of `kind` done so far (None: none yet)."""
+        """The median time of the steps of `kind` done so far. Before the first of its kind, from its kin: an
+        evaluation costs about what another one on the same split did (the whole split is `sample_stride` samples;
+        a final speed run, a start's). None: nothing to go by."""
         done = self._durations.get(kind)
-        return float(np.median(done)) if done else None
+        if done:
+            return float(np.median(done))
+
+        def kin(*suffixes: str) -> list[float]:
+            return [d for k, ds in self._durations.items() if k.endswith(suffixes) for d in ds]
+
+        sample, whole = kin(":sample"), kin(":split", "test")
+        if kind.endswith(":split") or kind == "test":
+            return float(np.median(whole)) if whole else self.sample_stride * float(np.median(sample)) \
+                if sample else None
+        if kind == "resample":  # the whole split's worst rows, then a new sample's FP32 reference
+            split = self.estimate("confirm:split")
+            return None if split is None else split + float(np.median(sample))
+        if kind.endswith(":sample") or kind == "speed":
+            return float(np.median(sample)) if sample else None
+        return None
 
     def _step_estimate(self, kind: str, r: Recipe) -> float | None:
         """A candidate's evaluation plus what its graph still needs: preparing (GPTQ reads the calibration data
-        once per chunk of layers) and calibrating. None before any start was timed."""
+        once per chunk of layers) and calibrating. None when nothing of its kind or kin has been timed yet."""
         step = self.estimate(kind)
-        if step is None:  # the first of its kind: a start's sample evaluation (a whole split is about three)
-            sample = self.estimate("start:sample")
-            if sample is None:
-                return None
-            step = sample * (1 if kind.endswith(":sample") else self.sample_stride)
+        if step is None:
+            return None
         calibrate = self.estimate("calibrate") or 0.0
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key in self.ws.prepared:
@@ -611,38 +685,64 @@ class Search:
             return step + (0.0 if self._digest(prepared.base or prepared.path) in self.ws.stats else calibrate)
         from tritonkit.int8.rounding import STAGES
 
+        # Placements differ by input isolation only: without data-driven weight changes they calibrate one graph.
+        sibling = [v for k, v in self.ws.prepared.items() if k[1:] == key[1:]]
+        shared = r.weight_rounding == "nearest" and not r.bias_correction and \
+            any(self._digest(v.base or v.path) in self.ws.stats for v in sibling)
         # GPTQ and bias correction read the data in plain forward passes (GPTQ one per chunk of layers).
         forwards = (STAGES if r.weight_rounding == "gptq" else 0) + (1 if r.bias_correction else 0)
-        return step + calibrate + forwards * (self.estimate("forward") or calibrate)
+        return step + (0.0 if shared else calibrate) + forwards * (self.estimate("forward") or calibrate)
 
     def _reserve(self) -> float:
         """Kept back from every other step: confirming a found candidate on the whole validation split, timing it
-        at the served batch sizes and measuring the test split. Before those were timed, from a start's sample
-        evaluation (the whole split is about three samples)."""
-        sample = self.estimate("start:sample") or 0.0
-        return ((self.estimate("confirm:split") or 3 * sample) + (self.estimate("speed") or sample)
-                + (self.estimate("test") or 3 * sample))
+        at the served batch sizes (with a speed gate) and measuring the test split."""
+        kinds = ("confirm:split", "speed", "test") if self.check_speed else ("confirm:split", "test")
+        return sum(self.estimate(k) or 0.0 for k in kinds)
 
-    def fits(self, kind: str, what: str, estimate: float | None = None) -> bool:
-        """Whether a step can finish in what is left of the budget; one that cannot is not started, recorded in
-        `cuts`, and nothing after it is. The starts always run (a search reports at least them); confirming and
-        timing a found candidate may use the reserve kept for them."""
-        if kind.startswith("start:"):
-            return True
+    def fits(self, kind: str, what: str, estimate: float | None = None, ahead: float | None = None) -> bool:
+        """Whether a step can finish in what is left of the budget, less the reserve for a found candidate's checks
+        (which may use it); one that cannot is not started and is recorded in `cuts`. `ahead`: the step is one of
+        a phase's options (a further start, a knob variant, the resample, a sensitivity unit) and must also leave
+        that many seconds to the phases after it; one that does not fit is skipped alone, and the search goes on
+        to its next phase. Any other step that does not fit ends the search: nothing after it is started but those
+        checks."""
         reserved = kind.split(":")[0] in RESERVED
+        alone = ahead is not None or kind.startswith("start:")
         if self.budget_s is None:
             return reserved or not self._stopped
-        left = self._deadline - time.perf_counter() - (0.0 if reserved else self._reserve())
+        now = time.perf_counter()
+        reserve = 0.0 if reserved else self._reserve() + (ahead or 0.0)
+        left = self._deadline - now - reserve
         if (reserved or not self._stopped) and (estimate <= left if estimate is not None else left > 0):
+            self._granted = (None if estimate is None else round(estimate, 3), round(left, 3))
             return True
         if reserved or not self._stopped:  # once stopped, later steps are not started, nor listed one by one
-            self.cuts.append({"stage": kind, "what": what, "estimate_s": round(estimate, 1) if estimate else None,
-                              "left_s": round(max(left, 0.0), 1)})
+            self.cuts.append({"stage": kind, "what": what,
+                              "estimate_s": None if estimate is None else round(estimate, 3),
+                              "left_s": round(max(left, 0.0), 3), "reserve_s": round(reserve, 3),
+                              "at_s": round(now - self._t0, 3)})
             self.log(f"  budget: {kind} '{what}' not started ("
                      + (f"about {estimate:.0f} s, " if estimate else "") + f"{max(left, 0.0):.0f} s left)")
-        if not reserved:
+        if not reserved and not alone:
             self._stopped = True
         return False
+
+    def _fallback_steps(self, units: int) -> int:
+        """Candidates one fallback over a ranking of `units` tries: galloping then bisecting over its prefixes (half
+        the ranking with a speed gate; Search._prefixes), plus the unperturbed one."""
+        prefixes = max(1, units // 2) if self.check_speed else units
+        return 2 * math.ceil(math.log2(prefixes + 1)) + 1
+
+    def _after_scan(self, ranked: int) -> float:
+        """Seconds one fallback over `ranked` units takes: what the sensitivity scan leaves when it ranks them."""
+        return self._fallback_steps(ranked) * (self.estimate("fallback:sample") or 0.0)
+
+    def _after_variants(self) -> float:
+        """Seconds the rest of a track takes after its knob variants: the resample, the whole scan, one fallback:
+        what a further variant must leave (the prior's need not: it is the likeliest to pass)."""
+        units = max(0, self._planned.get("unit:sample", 1) - 1)
+        return ((self.estimate("resample") or 0.0) + (units + 1) * (self.estimate("unit:sample") or 0.0)
+                + self._after_scan(units))
 
     def int8_share(self, r: Recipe) -> float:
         """The share of the weighted multiply-accumulates `r` leaves in INT8 (on its prepared graph, where merged
@@ -660,31 +760,38 @@ class Search:
     def start(self) -> list[Track]:
         # TensorRT's form is placed on weighted ops' inputs only (the placement its explicit-quantization fuses).
         placements = ["inputs", "all"] if self.check_speed else ["inputs"]
+        # The kind's prior start first (a stable sort: forms, then placements, as listed, break ties), so a budget
+        # that cannot afford every start has measured the one that won before.
+        starts = sorted((Recipe(form=f, placement=p) for f in self.forms for p in placements),
+                        key=lambda r: self._prior_misses(r, ("form", "placement")))
+        self._plan("start:sample", len(starts))
         tracks, slow = [], {}
-        for form in self.forms:
-            for placement in placements:
-                r = Recipe(form=form, placement=placement)
-                # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
-                step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
-                                    evaluator=self.sample)
-                if step is None:
-                    continue
-                if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
-                    self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
-                    continue
-                tracks.append(Track(r, step.metrics, step.distortion, self.sample))
-                slow[r.describe()] = self.check_speed and step.speedup is not None and \
-                    step.speedup < self.spec.SPEED_TARGET.value
+        for r in starts:
+            form, placement = r.form, r.placement
+            # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
+            # Starts run until one gives a track, whatever the budget: a search reports at least that.
+            step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
+                                evaluator=self.sample, must=not tracks)
+            if step is None:
+                continue
+            if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
+                self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
+                continue
+            tracks.append(Track(r, step.metrics, step.distortion, self.sample))
+            slow[r.describe()] = self.check_speed and step.speedup is not None and \
+                step.speedup < self.spec.SPEED_TARGET.value
+        self._plan("start:sample", 0)
         # Units put back in float only slow a graph down: a start already under the speed gate goes last, whatever
         # its accuracy (Lite0's uint8/inputs start ran 1.07x and took a whole budget; uint8/all ran 1.89x).
         # Then the kind's prior (what won on its shipped models), then the lowest distortion.
-        tracks.sort(key=lambda t: (slow[t.recipe.describe()], not self._is_prior(t.recipe, ("form", "placement")),
+        tracks.sort(key=lambda t: (slow[t.recipe.describe()], self._prior_misses(t.recipe, ("form", "placement")),
                                    t.distortion))
         return tracks[: self.max_tracks]
 
-    def _is_prior(self, r: Recipe, knobs: Sequence[str]) -> bool:
+    def _prior_misses(self, r: Recipe, knobs: Sequence[str]) -> int:
+        """How many of `knobs` that the kind's SEARCH_PRIOR names `r` sets otherwise (0: the prior's own)."""
         prior = getattr(self.spec, "SEARCH_PRIOR", None) or {}
-        return bool(prior) and all(getattr(r, k) == prior[k] for k in knobs if k in prior)
+        return sum(getattr(r, k) != prior[k] for k in knobs if k in prior)
 
     def variants(self, track: Track) -> list[tuple[str, Recipe]]:
         """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction or GPTQ
@@ -699,27 +806,39 @@ class Search:
         methods = self._applicable_methods()[1:]
         out += [(f"{name} + calibrate={m}", replace(r, calibrate_method=m, extra_options=x))
                 for name, r in list(out) for m, x in methods]
-        # The start (measured already) first, then the kind's prior knobs, so a budget that ends early tried them.
-        knobs = ("smooth_alpha", "weight_rounding", "bias_correction", "calibrate_method")
-        return sorted(out, key=lambda v: (v[0] != "as started", not self._is_prior(v[1], knobs)))
+        # The start (measured already) first, then the kind's prior knobs, then those nearest to them (fewest knobs
+        # off the prior; a stable sort keeps the listed order among equals): a budget that ends early tried them.
+        return sorted(out, key=lambda v: (v[0] != "as started", self._prior_misses(v[1], KNOBS)))
+
+    def units(self, r: Recipe) -> dict[str, list[str]]:
+        """The units the sensitivity scan ranks on `r`'s prepared graph: families, then nodes or blocks of them.
+        Kept per graph: the ETA counts them before the scan (a large encoder's graph takes seconds to load)."""
+        path = self._prepare(r).path
+        if path not in self._units:
+            nodes = quantizable_nodes(path, self.spec.WEIGHT_OPS)
+            if not nodes:
+                raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node to quantize")
+            self._units[path] = {**families(path, self.spec.WEIGHT_OPS), **group_units(nodes, self.max_units)}
+        return self._units[path]
 
     def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
         from tqdm import tqdm
 
         from tritonkit.errors import QuantizationError
 
-        nodes = quantizable_nodes(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS)
-        if not nodes:
-            raise SearchError(f"{self.spec.NAME}: no {'/'.join(self.spec.WEIGHT_OPS)} node to quantize")
-        units = {**families(self._prepare(track.recipe).path, self.spec.WEIGHT_OPS),
-                 **group_units(nodes, self.max_units)}
+        units = self.units(track.recipe)
+        self._plan("unit:sample", len(units) + 1)
         t0 = time.perf_counter()
+        if not self.fits("unit:sample", "unperturbed", self.estimate("unit:sample"), self._after_scan(1)):
+            return []
         base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe), exact=self.exact))
+        self._took("unit:sample", time.perf_counter() - t0)
         ranked = []
         for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
                                   disable=not self.progress):
-            if self.spent() or not self.fits("unit:sample", unit, self.estimate("unit:sample")):
-                self.log(f"  budget spent: sensitivity ranked for {len(ranked)} of {len(units)} units")
+            # A scan cut short still orders the units it measured: the fallback gets the time it needs.
+            if not self.fits("unit:sample", unit, self.estimate("unit:sample"), self._after_scan(len(ranked) + 1)):
+                self.log(f"  budget: sensitivity ranked for {len(ranked)} of {len(units)} units")
                 break
             t1 = time.perf_counter()
             try:
@@ -775,6 +894,8 @@ class Search:
 
     def _out_of_budget(self) -> bool:
         if self.spent():
+            if not self._stopped:  # past the deadline, nothing cut yet: the cuts say where it stopped
+                self.fits("fallback", "the rest of this fallback")
             self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
         return self.spent()
 
@@ -830,42 +951,59 @@ class Search:
         return None
 
     def run(self) -> SearchResult:
+        from tqdm import tqdm
+
         t0 = self._t0 = time.perf_counter()
         if self.budget_s:
-            from tqdm import tqdm
-
             self._deadline = t0 + self.budget_s
-            # Elapsed against the budget; its remaining time is the latest the search can end.
-            self._bar = tqdm(total=round(self.budget_s), desc=f"search {self.form} budget", unit="s",
-                             disable=not self.progress, bar_format="{desc}: {n}/{total} s [{elapsed}<{remaining}] "
-                                                                   "{postfix}")
+        # Seconds spent against the budget, and the ETA from the steps still planned (Search.eta), per step.
+        self._bar = tqdm(total=round(self.budget_s) if self.budget_s else None, desc=f"search {self.form}",
+                         unit="s", disable=not self.progress,
+                         bar_format="{n}/{total} s |{bar:20}| {desc}" if self.budget_s else "{n} s | {desc}")
         self.log(f"[search] {self.spec.NAME} ({self.form}): validation split, margin {self.margin} of each gate"
                  + (f", budget {self.budget_s / 60:.0f} min" if self.budget_s else ""))
         failed: list[dict] = []
         ok: list[tuple[Recipe, dict]] = []
         slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
         for i, track in enumerate(self.start()):
-            if i and self.spent():  # the first track always reports; a spent budget starts no other
+            # The first track always reports; another starts only with time left beyond the reserve.
+            if i and not self.fits("track", track.recipe.describe()):
                 self.log(f"  budget spent: track {track.recipe.describe()} not searched")
                 break
             # Every variant at full INT8 on the sample; the best one orders the units for all of them.
             scored = []
-            for name, variant in self.variants(track):
-                if scored and self.spent():
+            variants = self.variants(track)
+            self._plan_track(track.recipe, len(variants) - 1)  # "as started" was measured at the start
+            self._log_eta(f"variants of {track.recipe.describe()}")
+            for name, variant in variants:
+                if self._stopped:
                     break
                 if variant == track.recipe and track.scored_on is self.sample:  # measured at the start
                     scored.append((track.distortion, name, variant))
                     continue
-                step = self.measure("variant", name, variant, evaluator=self.sample)
+                # Variants are options: one that does not fit is skipped alone, and any but the prior's must leave
+                # the rest of the track its time.
+                prior = bool(getattr(self.spec, "SEARCH_PRIOR", None)) and not self._prior_misses(variant, KNOBS)
+                step = self.measure("variant", name, variant, evaluator=self.sample,
+                                    ahead=0.0 if prior else self._after_variants())
                 if step is not None:
                     scored.append((step.distortion, name, variant))
             scored.sort(key=lambda v: v[0])
-            if scored and not self.spent():  # the sample also carries the split's worst rows (worst-case gates)
+            if scored:
+                self._plan_track(scored[0][2], 0, len(scored))
+            # The sample also carries the whole split's worst rows, which decide worst-case gates.
+            # It must leave a scan of one unit and its fallback.
+            if scored and self.fits("resample", "the whole split's worst rows", self.estimate("resample"),
+                                    2 * (self.estimate("unit:sample") or 0.0) + self._after_scan(1)):
+                t1 = time.perf_counter()
                 hard = self.val.worst_rows(self.build(scored[0][2]), exact=self.exact)
                 self._sample = Evaluator(self.spec, self.fp32, "validation", self.sample_stride, extra_rows=hard)
+                self._took("resample", time.perf_counter() - t1)
                 self.log(f"  sample: every {self.sample_stride}th batch + the {sum(map(len, hard.values()))} worst "
                          "rows of the split")
-            ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored and not self.spent() else []
+                self._log_eta("sensitivity")
+            ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
+            self._log_eta("fallback")
             finals = []
             for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
@@ -881,7 +1019,8 @@ class Search:
                     if best is not None:
                         failed.append({"recipe": best.recipe, "metrics": best.metrics, "speedup": best.speedup})
                     continue
-                if self.check_speed and not self.fits("speed", recipe.describe(), self.estimate("speed")):
+                # The first passing candidate is always timed (the reserve was kept for it): it is never lost.
+                if self.check_speed and finals and not self.fits("speed", recipe.describe(), self.estimate("speed")):
                     break
                 t1 = time.perf_counter()
                 speed = speedup(self.spec, self.fp32, self.build(recipe), self.spec.SPEED_BATCHES,
@@ -909,13 +1048,14 @@ class Search:
             if self.min_int8_share:
                 why += (f" with at least {self.min_int8_share:.0%} of the weighted multiply-accumulates in INT8 "
                         "(below that the FP16 plan is faster)")
-            if self.spent():
+            if self.spent() or self.cuts:
                 why += f" within the search budget ({self.budget_s / 60:.0f} min)"
             return self._result(None, {}, {}, {}, failed, t0, why)
         # Fastest first; without a speed check, the fewest float units.
         recipe, speed = max(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)))
         model = self.build(recipe)
-        validation = self.val.metrics(model, exact=self.exact)
+        # Measured when it was confirmed on the whole split (the same graph): not again, outside any budget.
+        validation = self._split_metrics.get(_key(recipe)) or self.val.metrics(model, exact=self.exact)
         self.log("[search] confirming once on the test split")
         t1 = time.perf_counter()
         test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
@@ -930,11 +1070,22 @@ class Search:
             self.ws.close()
         if self._bar is not None:
             self._bar.close()
+        if self.cuts:
+            self.log(f"[search] the budget cut {len(self.cuts)} step(s), first {self.cuts[0]['stage']} "
+                     f"'{self.cuts[0]['what']}' at {self.cuts[0]['at_s']:.0f} s of {self.budget_s:.0f} s")
         res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
                            round(time.perf_counter() - t0, 1), recipe is not None, reason, list(self.cuts))
         if chosen is not None and recipe is None:
             res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
         return res
+
+
+def _key(r: Recipe) -> str:
+    return json.dumps(asdict(r), sort_keys=True)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
 def _summary(targets: Sequence[Target], metrics: dict[str, float]) -> str:

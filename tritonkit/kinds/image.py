@@ -111,7 +111,7 @@ class ImageClassification(Kind):
     # What the INT8 search tries first (tritonkit.int8.search.SearchSpec): EfficientNet-Lite0's winning served recipe
     # (models/image_classification.int8.json), so a budget that ends early has tried it.
     SEARCH_PRIOR: ClassVar[dict] = {"form": "uint8", "placement": "all", "weight_rounding": "gptq",
-                                    "calibrate_method": "percentile"}
+                                    "bias_correction": False, "calibrate_method": "percentile"}
     DEFAULT_GATES = DEFAULT_GATES
     # How far under its bf16/fp16 floor INT8 may fall where the floor is below a gate (tritonkit.int8.floor): near-tie
     # photos flip top-1 at any reduced precision (bf16 flips 7 % of Lite0's).
