@@ -73,7 +73,10 @@ def main() -> int:
                 for k in theirs for a, b in zip(ours[k].range_value, theirs[k].range_value))
             del calibrator
         out["same_ranges"] = bool(same)
-        out["nncf_minmax_s"] = _nncf(graph, batches)
+        try:
+            out["nncf_minmax_s"] = _nncf(graph, batches)
+        except TypeError as err:  # NNCF 3.4's ONNX backend does not import with this onnx/numpy (an annotation)
+            out["nncf_minmax_s"] = f"unavailable: {err}"
     print(json.dumps(out, indent=2))
     return 0 if same else 1
 
