@@ -195,9 +195,10 @@ def quantize(
 
 def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]],
                          total_batches: int | None = None, progress: bool = True, given: QuantParams | None = None,
-                         recipe_digest: str = "", origin: str = "") -> QuantParams:
+                         recipe_digest: str = "", origin: str = "", source: str | None = None) -> QuantParams:
     """`quantize`, from `given` parameters (no calibration data is read) or calibrating; returns the parameters
-    used, which rebuild the same graph bytes (tritonkit.int8.params)."""
+    used, which rebuild the same graph bytes (tritonkit.int8.params). `source`: the sha256 of `model_path` when the
+    caller already has it."""
     import onnx
 
     from tritonkit.int8 import params
@@ -209,5 +210,5 @@ def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, 
         ranges = given.tensors_data() if given is not None else \
             base_ranges(prepared, recipe, batches, Path(tmp), total_batches, progress)
         onnx.save(quantize_prepared(prepared, with_isolated_copies(ranges, prepared), recipe), str(out_path))
-        return params.capture(prepared, ranges, recipe.calibrate_method, params.file_digest(model_path),
+        return params.capture(prepared, ranges, recipe.calibrate_method, source or params.file_digest(model_path),
                               recipe_digest, origin)

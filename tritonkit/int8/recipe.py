@@ -52,12 +52,12 @@ def params_origin(kind) -> str:
     return floor.source(kind, "int8-params", []) or ""
 
 
-def quant_params(kind, form: str, entry: dict, fp32: Path):
+def quant_params(kind, form: str, entry: dict, fp32: Path, source: str | None = None):
     """(parameters, why not, file): the committed parameters of `entry`'s recipe when they apply to this FP32 graph
     and recipe, else those this machine saved at an earlier build; (None, why, None) without either."""
     from tritonkit.int8.params import QuantParams, file_digest
 
-    source, digest, why = file_digest(fp32), recipe_digest(entry["recipe"]), "no quantization parameters"
+    source, digest, why = source or file_digest(fp32), recipe_digest(entry["recipe"]), "no quantization parameters"
     for path in (params_path(kind, form, entry), params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params")):
         if path.exists():
             params = QuantParams.load(path)
@@ -292,6 +292,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
            speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> Outcome:
     """Build `out` from the committed recipe and prove it on both splits; FP32 goes there when the search failed."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
+    from tritonkit.int8.params import file_digest
     from tritonkit.int8.quantize import quantize_with_params
 
     entry = data[form]
@@ -333,9 +334,10 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     quant = recipe.to_quant(kind.WEIGHT_OPS, name=f"{kind.NAME}-{form}")
     t0 = time.perf_counter()
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
-    given, why, source = quant_params(kind, form, entry, fp32)
+    fp32_digest = file_digest(fp32)  # read once: both the lookup and the parameters' record need it
+    given, why, source = quant_params(kind, form, entry, fp32, fp32_digest)
     used = quantize_with_params(fp32, tmp, quant, kind.calibration_batches, kind.calibration_batch_count(), progress,
-                                given, recipe_digest(entry["recipe"]), params_origin(kind))
+                                given, recipe_digest(entry["recipe"]), params_origin(kind), fp32_digest)
     if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
         built = used.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
         _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")
