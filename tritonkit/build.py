@@ -200,6 +200,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
     from tritonkit.repository import generate
 
+    t0 = time.perf_counter()
     kind = kinds.get(name)
     # The model's configs first: a build can then be served even when the INT8 step below stops it.
     for path in generate.write([kind]):
@@ -212,8 +213,12 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     build_packed(kind, fp32, force=built_fp32)
     if skip_int8:
         return BuildResult(name, fp32, None, built)
+    searches = run_search or (search_if_missing and recipe.load_recipes(kind) is None)
+    # A build that searches keeps the model's budget end to end: the search gets what the export left, less a share
+    # for the replays and the runtime choice after it.
     outcomes = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
-                          search_if_missing=search_if_missing, search_budget_s=search_budget_s,
+                          search_if_missing=search_if_missing,
+                          search_budget_s=recipe.search_budget_s(search_budget_s, time.perf_counter() - t0),
                           search_form=search_form, forms=forms)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
@@ -224,6 +229,10 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
                           log=_log)
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
+    if searches:
+        took = time.perf_counter() - t0
+        budget = f"its {search_budget_s / 60:.0f}-minute budget" if search_budget_s else "no budget"
+        _log(f"{kind.NAME}: built with an INT8 search in {took / 60:.1f} min ({budget})")
     return BuildResult(name, fp32, served.path, built, served.status, trt.path if trt else None, outcomes)
 
 
@@ -240,10 +249,12 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--search", action="store_true",
                         help="re-run the accuracy-aware INT8 search and rewrite models/<name>.int8.json")
     parser.add_argument("--budget-minutes", type=float, metavar="M",
-                        help="cap the whole INT8 search of a model (its floors and both forms together; also when "
-                             "`make build` searches a model with no committed recipe) at M minutes of wall clock "
-                             f"(default {recipe.DEFAULT_BUDGET_S // 60}; 0: no cap); it reports the best it found "
-                             "and what the budget cut")
+                        help="cap the build of a model that searches (--search, or `make build` of a model with "
+                             "no committed recipe) at M minutes of wall clock, end to end: export, floors, both "
+                             "forms' searches, replays and the runtime choice (default "
+                             f"{recipe.DEFAULT_BUDGET_S // 60}; 0: no cap). The search gets what the export left, "
+                             f"less {recipe.AFTER_SEARCH_SHARE:.0%} of M for the steps after it; it reports the best "
+                             "it found and what the budget cut")
     parser.add_argument("--form", choices=list(recipe.FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
     parser.add_argument("--choose-runtime", action="store_true",

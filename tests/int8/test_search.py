@@ -662,3 +662,13 @@ def test_the_served_form_gets_two_thirds_of_what_is_left_and_tensorrt_the_rest()
     assert recipe.form_budget_s(900, 60, "served", both=False) == pytest.approx(840)  # --form served: all of it
     assert recipe.form_budget_s(900, 950, "tensorrt", both=True) == 1.0  # spent: the first start only
     assert recipe.form_budget_s(None, 60, "served", both=True) is None
+
+
+def test_a_build_that_searches_keeps_its_budget_end_to_end():
+    from tritonkit.int8 import recipe
+
+    # 15 min, 25 s of export spent: the search gets the rest less the share kept for replays and runtime choice.
+    assert recipe.search_budget_s(900, 25) == pytest.approx(900 * (1 - recipe.AFTER_SEARCH_SHARE) - 25)
+    assert recipe.search_budget_s(900, 25) < 900 - 25
+    assert recipe.search_budget_s(900, 1000) == 1.0  # spent before the search: its first start only
+    assert recipe.search_budget_s(None, 25) is None

@@ -99,6 +99,20 @@ DEFAULT_BUDGET_S = 15 * 60
 SERVED_SHARE = 2 / 3
 
 
+# A build that searches spends its model's budget before the search (export) and after it (replays, packing, the
+# runtime choice): perf/bench_new_model.py's 4-layer encoder, 2026-11-27, spent 25 s before and 199 s after (22 % of
+# 15 min). The search gets the budget less what came before and this share, so the whole build keeps the budget.
+AFTER_SEARCH_SHARE = 0.25
+
+
+def search_budget_s(budget_s: float | None, elapsed_s: float) -> float | None:
+    """What a build's INT8 search may spend of its model's `budget_s` once the build has spent `elapsed_s`, keeping
+    AFTER_SEARCH_SHARE of it for the steps after the search. At least a second (the first start is always measured)."""
+    if budget_s is None:
+        return None
+    return max(budget_s * (1 - AFTER_SEARCH_SHARE) - elapsed_s, 1.0)
+
+
 def form_budget_s(budget_s: float | None, elapsed_s: float, form: str, both: bool) -> float | None:
     """What one form's search may spend of a model's `budget_s` after `elapsed_s` (floors, an earlier form): the
     served form SERVED_SHARE of it when the TensorRT form comes after, the TensorRT form all that is left. At least

@@ -1,0 +1,86 @@
+"""`make build` of a sentence-transformers encoder the project does not ship, end to end, timed per stage.
+
+    python perf/bench_new_model.py [--layers 4] [--minutes M]
+
+The encoder is all-MiniLM-L6-v2's own weights cut to its first `--layers` layers (a model of real weights whose
+recipe, floors and runtime choice nobody committed). Its spec, repository and build outputs live in a temporary
+tree (TRITONKIT_SPECS / _MODEL_REPOSITORY / _BUILD_OUTPUTS), so the checkout is untouched. The build is the user's
+command, `python -m tritonkit.build <name>` (as `make build MODEL=<name>`), which searches because no recipe is
+committed; `--minutes` passes its budget. Prints the total, the seconds between the build's stage lines, and each
+form's outcome; the build's stamped log goes to build/reports/bench_new_model.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tritonkit import kinds, paths
+
+NAME = "bench_encoder"
+# Log lines that start a stage, in the order a build prints them.
+STAGES = {"export": "exporting", "floors": "floor", "search served": "searching the served form",
+          "search tensorrt": "searching the tensorrt form", "replay": "INT8 from", "packing": "packed form",
+          "runtime choice": "runs on", "done": "done ("}
+
+
+def make_source(directory: Path, layers: int) -> Path:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(kinds.get("text_embedding").model_dir()), device="cpu")
+    bert = model[0].auto_model
+    bert.encoder.layer = bert.encoder.layer[:layers]
+    bert.config.num_hidden_layers = layers
+    model.save(str(directory))
+    return directory
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--minutes", type=float, help="the build's search budget (default: the build's own)")
+    args = parser.parse_args()
+    log_path = paths.REPORTS / "bench_new_model.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tritonkit-bench-new-model-") as tmp:
+        tree = Path(tmp)
+        env = {**os.environ, "TRITONKIT_SPECS": str(tree / "models"),
+               "TRITONKIT_MODEL_REPOSITORY": str(tree / "model_repository"),
+               "TRITONKIT_BUILD_OUTPUTS": str(tree / "build")}
+        source = make_source(tree / "source", args.layers)
+        subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", NAME,
+                        "--source", str(source)], env=env, check=True)
+        command = [sys.executable, "-m", "tritonkit.build", NAME, "--no-progress"]
+        if args.minutes is not None:
+            command += ["--budget-minutes", str(args.minutes)]
+        t0 = time.perf_counter()
+        starts = {}
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=paths.ROOT) as proc, log_path.open("w") as log:
+            for line in proc.stdout:
+                at = time.perf_counter() - t0
+                print(f"{at:8.1f} {line.rstrip()}", file=log, flush=True)
+                for stage, marker in STAGES.items():
+                    if stage not in starts and line.startswith(("[build]", "[int8]")) and marker in line:
+                        starts[stage] = at
+        total = time.perf_counter() - t0
+        reports = tree / "build" / "reports"
+        outcome = {form: json.loads(p.read_text()).get("status") for form, p in
+                   (("served", reports / f"{NAME}_int8.json"), ("tensorrt", reports / f"{NAME}_int8_trt.json"))
+                   if p.exists()}
+    order = sorted(starts.items(), key=lambda kv: kv[1])
+    spans = {stage: round((order[i + 1][1] if i + 1 < len(order) else total) - at, 1)
+             for i, (stage, at) in enumerate(order)}
+    print(json.dumps({"layers": args.layers, "returncode": proc.returncode, "total_s": round(total, 1),
+                      "stage_s": spans, "outcome": outcome, "log": paths.rel(log_path)}, indent=2))
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
