@@ -28,7 +28,7 @@ serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METR
 build: ## every spec (or MODEL=name): export ONNX, INT8 from its committed recipe (searched if none, in MINUTES=15 per model), reports, configs
 	@$(PY) -m tritonkit.build $(or $(MODEL),all) $(if $(MINUTES),--budget-minutes $(MINUTES))
 
-int8-search: ## re-run the accuracy-aware INT8 search for MODEL=name [MINUTES=cap of the whole search, both forms: default 15, 0 none] [FORM=served|tensorrt] (rewrites models/<name>.int8.json; commit it)
+int8-search: ## re-run the accuracy-aware INT8 search for MODEL=name [MINUTES=cap of the whole build that searches, both forms: default 15, 0 none] [FORM=served|tensorrt] (rewrites models/<name>.int8.json; commit it)
 	@test -n "$(MODEL)" || { echo "usage: make int8-search MODEL=<name> [MINUTES=n] [FORM=served|tensorrt]" >&2; exit 2; }
 	@$(PY) -m tritonkit.build $(MODEL) --search $(if $(MINUTES),--budget-minutes $(MINUTES)) $(if $(FORM),--form $(FORM))
 
