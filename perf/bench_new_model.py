@@ -24,10 +24,10 @@ from pathlib import Path
 from tritonkit import kinds, paths
 
 NAME = "bench_encoder"
-# Log lines that start a stage, in the order a build prints them.
-STAGES = {"export": "exporting", "floors": "floor", "search served": "searching the served form",
-          "search tensorrt": "searching the tensorrt form", "replay": "INT8 from", "packing": "packed form",
-          "runtime choice": "runs on", "done": "done ("}
+# Log lines that start a stage (the first match of each), in the order a build prints them.
+STAGES = {"export": "exporting", "search served (with its bf16 floor)": "searching the served form",
+          "search tensorrt (with its fp16 floor)": "searching the tensorrt form", "replays and packing": "INT8 from",
+          "runtime choice": "timing ", "done": "done ("}
 
 
 def make_source(directory: Path, layers: int) -> Path:
