@@ -120,17 +120,23 @@ def speed_variants(kind) -> tuple[str, str]:
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = recipe.DEFAULT_BUDGET_S, search_form: str | None = None,
-               forms: Sequence[str] = recipe.FORMS) -> list[recipe.Outcome]:
+               forms: Sequence[str] = recipe.FORMS, started: float | None = None
+               ) -> tuple[list[recipe.Outcome], bool]:
     """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
-    search_if_missing: `make build` does that for a new model; library callers get an error instead)."""
+    search_if_missing: `make build` does that for a new model; library callers get an error instead), and whether
+    it searched. `started`: the build's start (time.perf_counter), when `search_budget_s` is the whole build's: the
+    search then gets what is left of it, less a share for the steps after it (recipe.search_budget_s)."""
     data, variants = recipe.load_recipes(kind), speed_variants(kind)
     if data is None and not (run_search or search_if_missing):
         raise recipe.GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(kind))}); run "
                                f"`{recipe.search_command(kind)}` (minutes) and commit the file it writes")
-    if run_search or data is None:
+    searched = run_search or data is None
+    if searched:
         if data is None:
             _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(kind))}): searching")
-        data = recipe.search(kind, fp32, progress=progress, budget_s=search_budget_s,
+        budget = search_budget_s if started is None else \
+            recipe.search_budget_s(search_budget_s, time.perf_counter() - started)
+        data = recipe.search(kind, fp32, progress=progress, budget_s=budget,
                              only=search_form if run_search else None, speed_variants=variants)
         force = True
     outcomes = []
@@ -155,7 +161,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
             _stamp(kind.NAME, stage, fingerprint)
         else:
             _stamp_path(kind.NAME, stage).unlink(missing_ok=True)
-    return outcomes
+    return outcomes, searched
 
 
 def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False) -> Path | None:
@@ -213,13 +219,11 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     build_packed(kind, fp32, force=built_fp32)
     if skip_int8:
         return BuildResult(name, fp32, None, built)
-    searches = run_search or (search_if_missing and recipe.load_recipes(kind) is None)
     # A build that searches keeps the model's budget end to end: the search gets what the export left, less a share
     # for the replays and the runtime choice after it.
-    outcomes = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
-                          search_if_missing=search_if_missing,
-                          search_budget_s=recipe.search_budget_s(search_budget_s, time.perf_counter() - t0),
-                          search_form=search_form, forms=forms)
+    outcomes, searched = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
+                                    search_if_missing=search_if_missing, search_budget_s=search_budget_s,
+                                    search_form=search_form, forms=forms, started=t0)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     build_packed(kind, served.path, fp32 if served.status == "passed" else None)
@@ -229,7 +233,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
                           log=_log)
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
-    if searches:
+    if searched:
         took = time.perf_counter() - t0
         budget = f"its {search_budget_s / 60:.0f}-minute budget" if search_budget_s else "no budget"
         _log(f"{kind.NAME}: built with an INT8 search in {took / 60:.1f} min ({budget})")
