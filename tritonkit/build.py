@@ -111,7 +111,8 @@ def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, 
 
 def speed_variants(kind) -> tuple[str, str]:
     """The runtime variants this CPU class serves the FP32 and INT8 models on (models/<name>.runtime.json; ONNX
-    Runtime before any choice): INT8 must beat FP32 as each is served."""
+    Runtime before any choice). A search races INT8 against FP32 as the INT8 name would serve it instead
+    (tritonkit.int8.search.fp32_competitor); a replay races what its recipe was searched against."""
     from tritonkit.repository import runtime_choice
 
     return runtime_choice.variant_for(kind, kind.FP32_MODEL), runtime_choice.variant_for(kind, kind.INT8_MODEL)
@@ -136,8 +137,15 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
             _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(kind))}): searching")
         budget = search_budget_s if started is None else \
             recipe.search_budget_s(search_budget_s, time.perf_counter() - started)
-        data = recipe.search(kind, fp32, progress=progress, budget_s=budget,
-                             only=search_form if run_search else None, speed_variants=variants)
+        only = search_form if run_search else None
+        against = variants[0]
+        if only in (None, "served"):  # the served gate races the FP32 file as the INT8 name would serve it here
+            from tritonkit.int8.search import fp32_competitor
+            from tritonkit.repository.runtime_choice import MIN_GAIN
+
+            against, _ = fp32_competitor(kind, fp32, variants[0], MIN_GAIN, log=_log)
+        data = recipe.search(kind, fp32, progress=progress, budget_s=budget, only=only,
+                             speed_variants=(against, variants[1]))
         force = True
     outcomes = []
     for form, out, stage in (("served", paths.model_file(kind.INT8_MODEL), "int8"),

@@ -536,6 +536,31 @@ def test_the_speed_gate_judges_the_interval_not_the_median():
     assert target.met({"int8_speedup": 1.12, "int8_speedup_lo": 1.04})
 
 
+def test_the_speed_gate_races_fp32_as_the_int8_name_would_serve_it(tiny, monkeypatch):
+    """Where the CPU has native bf16 the INT8 name may serve the FP32 file on OpenVINO bf16 (it computes the floor),
+    so a search races INT8 against that wherever it beats the FP32 model's variant by the runtime choice's margin;
+    elsewhere against the FP32 model's variant. A replay races what its recipe was searched against."""
+    from tritonkit import envinfo
+    from tritonkit.int8.recipe import replay_competitor
+
+    path, _ = tiny
+    spec = TinySpec()
+    bf16 = {"speed_against": search.BF16_COMPETITOR}
+    monkeypatch.setenv(envinfo.CLASS_ENV, "avx2")  # a class without bf16: only the served variant can compete
+    assert search.fp32_competitor(spec, path, "onnxruntime", 1.1) == ("onnxruntime", {})
+    assert replay_competitor(spec, bf16, "onnxruntime") == "onnxruntime"
+    assert replay_competitor(spec, {"speed_against": "openvino"}, "onnxruntime") == "openvino"
+    assert replay_competitor(spec, {}, "openvino") == "openvino"  # a recipe from before the race: as searched
+    monkeypatch.delenv(envinfo.CLASS_ENV)
+    if not envinfo.has_bf16():
+        pytest.skip("this CPU has no native bf16: the FP32 file cannot run on OpenVINO bf16 here")
+    assert replay_competitor(spec, bf16, "onnxruntime") == search.BF16_COMPETITOR
+    chosen, timed = search.fp32_competitor(spec, path, "onnxruntime", 0.0)  # any gain is enough
+    assert chosen == search.BF16_COMPETITOR and timed["bf16_vs_served"] > 0
+    assert set(timed) == {"bf16_vs_served", *(f"bf16_gain_batch{b}" for b in spec.SPEED_BATCHES)}
+    assert search.fp32_competitor(spec, path, "onnxruntime", math.inf)[0] == "onnxruntime"  # no gain is enough
+
+
 class _SlowSpec(TinySpec):
     """Scoring takes DELAY per 64 rows, like a real model's evaluation: a known floor under every evaluation's
     time, so a test can say what a budget could afford without reading the search's own estimates. Six validation

@@ -21,7 +21,15 @@ from pathlib import Path
 from tritonkit import envinfo, paths
 from tritonkit.errors import GateError
 from tritonkit.int8.pages import render_markdown
-from tritonkit.int8.search import MIN_TENSORRT_INT8_SHARE, Evaluator, Recipe, Search, Workspace, speedup
+from tritonkit.int8.search import (
+    BF16_COMPETITOR,
+    MIN_TENSORRT_INT8_SHARE,
+    Evaluator,
+    Recipe,
+    Search,
+    Workspace,
+    speedup,
+)
 from tritonkit.kinds.gates import missed
 from tritonkit.serving.marks import PRECISION_PARAMETER
 from tritonkit.serving.runtimes import DEFAULT
@@ -175,6 +183,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                 _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
             entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
+                **({"speed_against": speed_variants[0]} if form == "served" else {}),
                 "status": "passed" if result.passed else FALLBACK,
                 "reason": result.reason,
                 "search_seconds": result.seconds,
@@ -361,6 +370,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
     metrics = {"test": Evaluator(kind, fp32, "test").metrics(tmp, exact=exact_judgement(form)),
                "validation": entry.get("validation") or {}}
+    speed_variants = (replay_competitor(kind, entry, speed_variants[0]), speed_variants[1])
     speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES, variants=speed_variants,
                     separate_from=kind.SPEED_TARGET.value) if form == "served" else {}
     miss = [f"test: {m}" for m in missed(targets["test"], metrics["test"])]
@@ -385,6 +395,20 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                   quantize_s=round(calib_s, 1))
     _write_report(kind, form, report)
     return Outcome(form, out, report["status"], miss)
+
+
+def replay_competitor(kind, entry: dict, served: str) -> str:
+    """The FP32 variant a replay's speed gate races: the one its recipe was searched against (`speed_against`),
+    unless this CPU cannot run it (bf16 without native bf16), then `served`, the FP32 model's variant here."""
+    against = entry.get("speed_against")
+    if against is None:
+        if envinfo.has_bf16():
+            _log(f"{kind.NAME}: this recipe was raced against FP32 on {served} only; here the INT8 name could serve "
+                 f"the FP32 file on {BF16_COMPETITOR} instead: `{search_command(kind)} --form served` races that")
+        return served
+    if against == BF16_COMPETITOR and not envinfo.has_bf16():
+        return served
+    return against
 
 
 PRECISION_KEY = PRECISION_PARAMETER  # ONNX metadata of an FP32 graph under an INT8 name (the backend warns)

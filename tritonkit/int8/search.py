@@ -259,6 +259,33 @@ def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats
         return _timed(spec, sessions, batches, repeats, min_sample_s, separate_from)
 
 
+# On a CPU with native bf16 the INT8 name may serve the FP32 file on OpenVINO bf16 instead (the runtime choice
+# times it there when the search falls back): it computes the served form's floor, so it meets the floor-judged
+# gates by construction, and on AMX it outran INT8 (docs/int8-search.md). INT8 must beat that, not FP32 in fp32.
+BF16_COMPETITOR = "openvino-bf16"
+
+
+def fp32_competitor(spec: SearchSpec, fp32: Path, served: str, min_gain: float, repeats: int = 3,
+                    min_sample_s: float = 0.02, log=None) -> tuple[str, dict[str, float]]:
+    """(variant, its timings) of the FP32 file as the INT8 name would serve it here when no INT8 holds: `served`
+    (the FP32 model's variant), or BF16_COMPETITOR on a CPU with native bf16 where it is faster by `min_gain`
+    (geometric mean over the served batch sizes, the runtime choice's rule). The served speed gate races it."""
+    from tritonkit import envinfo
+
+    if not envinfo.has_bf16() or served == BF16_COMPETITOR:
+        return served, {}
+    sessions = {"fp32": open_variant(served, fp32, spec.SERVE_THREADS),
+                "int8": open_variant(BF16_COMPETITOR, fp32, spec.SERVE_THREADS)}  # _timed's keys: a, then b
+    timed = _timed(spec, sessions, spec.SPEED_BATCHES, repeats, min_sample_s)
+    gain = float(np.exp(np.mean([np.log(timed[f"speedup_batch{b}"]) for b in spec.SPEED_BATCHES])))
+    chosen = BF16_COMPETITOR if gain >= min_gain else served
+    if log is not None:
+        log(f"  the FP32 file on {BF16_COMPETITOR} runs {gain:.2f}x its {served} speed here: the speed gate races "
+            f"INT8 against FP32 on {chosen}")
+    return chosen, {"bf16_vs_served": round(gain, 3), **{k.replace("speedup", "bf16_gain"): round(v, 3)
+                                                           for k, v in timed.items() if k.startswith("speedup_batch")}}
+
+
 def _timed(spec: SearchSpec, sessions: dict, batches: Sequence[int], repeats: int, min_sample_s: float,
            separate_from: float | None = None) -> dict[str, float]:
     out: dict[str, float] = {}
