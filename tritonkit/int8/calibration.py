@@ -133,9 +133,11 @@ def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: P
             seen = stats.channel_absmax.get(name)
             stats.channel_absmax[name] = channel_absmax([got[i]] if seen is None else [got[i], seen[None]])
         if not histograms:
+            # Copies: onnxruntime's outputs can be views of its arena, and one kept view keeps the whole arena (GBs
+            # for a text encoder's shapes) alive for as long as the statistics are.
             for name, lo, hi in pairs:
-                stats.minima.setdefault(name, []).append(got[lo])
-                stats.maxima.setdefault(name, []).append(got[hi])
+                stats.minima.setdefault(name, []).append(got[lo].copy())
+                stats.maxima.setdefault(name, []).append(got[hi].copy())
             continue
         # A graph output that is also an input comes back as the feed's own buffer (onnxruntime issue 21922).
         values = {n: (v.copy() if n in inputs else v) for n, v in zip(outputs, got) if n in tensors}

@@ -181,6 +181,9 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                 saved = searcher.quant_params(result.recipe, recipe_digest(found), params_origin(kind)).save(
                     params_path(kind, form, {"class": cpu}))
                 _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
+            elif (stale := params_path(kind, form, {"class": cpu})).exists():  # an earlier recipe's: unread now
+                stale.unlink()
+                _log(f"{kind.NAME} {form}: removed {paths.rel(stale)} (no recipe to replay)")
             entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
                 **({"speed_against": speed_variants[0]} if form == "served" else {}),

@@ -1070,8 +1070,9 @@ class Search:
             if slow:  # the accuracy gates held, at a price in float nodes the speed gate does not allow
                 r, sp = max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))
                 why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} against "
-                        f"FP32, not above the {self.spec.SPEED_TARGET.value}x speed gate beyond the noise measured "
-                        f"(95 % interval of the slowest batch size {sp.get('int8_speedup_lo', 0):.2f}x and up)")
+                        f"FP32 on {self.speed_variants[0]}, not above the {self.spec.SPEED_TARGET.value}x speed gate "
+                        f"beyond the noise measured (95 % interval of the slowest batch size "
+                        f"{sp.get('int8_speedup_lo', 0):.2f}x and up)")
             if self.min_int8_share:
                 why += (f" with at least {self.min_int8_share:.0%} of the weighted multiply-accumulates in INT8 "
                         "(below that the FP16 plan is faster)")
