@@ -2,6 +2,7 @@
 statistics collection, on a shipped model's prepared graph and its own calibration batches.
 
     python perf/bench_calibration.py [--model image_classification]
+    python perf/bench_calibration.py --memory [--model text_embedding] [--batches 16]
 
 - onnxruntime 1.23: one calibrator per method (minmax, percentile, entropy), one pass each, fed as `collect` feeds
   its histograms (chunks of HISTOGRAM_CHUNK batches). Their ranges must equal ours, or this exits 1;
@@ -10,6 +11,9 @@ statistics collection, on a shipped model's prepared graph and its own calibrati
   its statistics collection plus inserting its Q/DQ, so an upper bound on the collection alone.
 Each runs once (minutes each on 2 cores); the graph is the served recipe's prepared graph, built from the committed
 quantization parameters (no calibration).
+
+--memory: three passes over the FP32 graph in one process, keeping each pass's statistics (as a search keeps them
+per graph); the process's resident memory after each. A pass must not keep onnxruntime's arena alive.
 """
 
 from __future__ import annotations
@@ -29,8 +33,13 @@ from tritonkit.int8.search import Recipe
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="image_classification")
+    parser.add_argument("--model", default=None, help="default: image_classification (text_embedding with --memory)")
+    parser.add_argument("--memory", action="store_true", help="resident memory after repeated passes")
+    parser.add_argument("--batches", type=int, default=16, help="with --memory: batches per pass")
     args = parser.parse_args()
+    if args.memory:
+        return memory(kinds.get(args.model or "text_embedding"), args.batches)
+    args.model = args.model or "image_classification"
 
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import create_calibrator
@@ -79,6 +88,23 @@ def main() -> int:
             out["nncf_minmax_s"] = f"unavailable: {err}"
     print(json.dumps(out, indent=2))
     return 0 if same else 1
+
+
+def _rss_mb() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) // 1024
+
+
+def memory(kind, batches: int) -> int:
+    fp32 = paths.model_file(kind.FP32_MODEL)
+    kept, rows = [], []
+    for i in range(3):
+        with tempfile.TemporaryDirectory(prefix="tritonkit-bench-calibration-") as tmp:
+            t0 = time.perf_counter()
+            kept.append(calibration.collect(fp32, kind.calibration_batches, Path(tmp), ("minmax",), batches,
+                                            progress=False))
+        rows.append({"pass": i + 1, "rss_mb": _rss_mb(), "seconds": round(time.perf_counter() - t0, 1)})
+    print(json.dumps({"model": kind.NAME, "graph": paths.rel(fp32), "batches": batches, "passes": rows}, indent=2))
+    return 0
 
 
 class _Reader:

@@ -561,6 +561,20 @@ def test_the_speed_gate_races_fp32_as_the_int8_name_would_serve_it(tiny, monkeyp
     assert search.fp32_competitor(spec, path, "onnxruntime", math.inf)[0] == "onnxruntime"  # no gain is enough
 
 
+def test_a_speed_gate_the_fastest_start_cannot_meet_ends_the_search_before_any_unit_goes_float(tiny):
+    """Every start has every unit in INT8 and float units only slow a graph down: where the fastest start's
+    interval lies under the gate at a served batch size, no recipe can pass, and the search says so at once."""
+    path, _ = tiny
+    spec = TinySpec()
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1000.0)  # no INT8 graph is 1000x its FP32 graph
+    result = search.Search(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
+                           log=lambda _m: None).run()
+    assert not result.passed and result.recipe is None
+    assert result.reason.startswith("no recipe can meet the speed gate"), result.reason
+    assert result.speed["speedup_hi_batch8"] < 1000.0
+    assert {s.stage for s in result.steps} == {"start"}, "it searched past the starts"
+
+
 class _SlowSpec(TinySpec):
     """Scoring takes DELAY per 64 rows, like a real model's evaluation: a known floor under every evaluation's
     time, so a test can say what a budget could afford without reading the search's own estimates. Six validation
