@@ -288,6 +288,29 @@ def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_p
     assert "floor val / test" in page and f"{half['test']['cosine_min']:.4f}" in page
 
 
+def test_a_replay_that_only_this_machines_fp32_outruns_serves_fp32_loudly_not_a_failed_build(tiny, tmp_path,
+                                                                                             monkeypatch):
+    """Accuracy is proven per CPU class, speed per machine: a recipe that holds its accuracy gates but not the speed
+    gate here (an unreachable 1000x) serves the FP32 graph under its name, saying why, and the build goes on."""
+    from tests.support.int8_support import assert_fp32_fallback
+
+    spec = _spec()
+    found = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                          min_int8_share=0, floor=floor.measure(spec, tiny, "fp16")).run().recipe
+    spec.EXPORT = type("Export", (), {"name": "tiny"})
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1000.0)
+    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setitem(floor.PRECISION, "served", "fp16")
+    entry = {"recipe": dataclasses.asdict(found), "status": "passed"}
+    out = tmp_path / "served.onnx"
+    outcome = recipe.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
+    assert outcome.status == recipe.FALLBACK
+    assert_fp32_fallback(out, tiny)
+    report = json.loads(recipe.report_path(spec).read_text())
+    assert "holds its accuracy gates here but not its speed gate" in report["reason"], report["reason"]
+    assert report["missed_here"] and all(m.startswith("int8_speedup_lo") for m in report["missed_here"])
+
+
 def test_a_committed_floor_stands_for_an_fp32_export_that_differs_in_its_last_bits(tmp_path):
     """A fresh clone on another CPU exports Lite0's FP32 graph with other last bits: its committed floors (found by
     what they are measured from, floor.source) are reused, nothing is measured and the floors file is not
