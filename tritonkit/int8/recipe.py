@@ -373,7 +373,8 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
     metrics = {"test": Evaluator(kind, fp32, "test").metrics(tmp, exact=exact_judgement(form)),
                "validation": entry.get("validation") or {}}
-    speed_variants = (replay_competitor(kind, entry, speed_variants[0]), speed_variants[1])
+    if form == "served":
+        speed_variants = (replay_competitor(kind, entry, speed_variants[0]), speed_variants[1])
     speed = speedup(kind, fp32, tmp, kind.SPEED_BATCHES, variants=speed_variants,
                     separate_from=kind.SPEED_TARGET.value) if form == "served" else {}
     miss = [f"test: {m}" for m in missed(targets["test"], metrics["test"])]
