@@ -89,8 +89,7 @@ def test_the_build_chose_each_served_models_runtime_by_measurement_and_its_confi
 def test_the_encoders_searched_int8_met_its_gates_and_is_served(tree):
     """The tiny classifier's INT8 may fall back to FP32 (at 10 classes with random weights, top-1 ties flip and
     its convolutions are too narrow for INT8 to win); the real classifier's INT8 is tested in its own suite. Where
-    the CPU has native bf16, INT8 races the FP32 file on OpenVINO bf16, which may outrun it: the accuracy gates must
-    still have held."""
+    the CPU has native bf16, INT8 races the FP32 file on OpenVINO bf16, which may outrun it: the reason must say so."""
     import json
 
     from tritonkit import envinfo
@@ -102,8 +101,10 @@ def test_the_encoders_searched_int8_met_its_gates_and_is_served(tree):
     report = json.loads((root / "build" / "reports" / "my_encoder_int8.json").read_text())
     entry = json.loads((root / "models" / "my_encoder.int8.json").read_text())["served"][envinfo.int8_class()]
     if entry.get("speed_against") == BF16_COMPETITOR and report["status"] == "fp32-fallback":
-        assert "met the accuracy gates" in entry["reason"], entry["reason"]
-        assert f"against FP32 on {BF16_COMPETITOR}" in entry["reason"], entry["reason"]
+        # FP32 in bf16 outran INT8: its accurate candidates, or even every unit in INT8 (the speed ceiling).
+        why = entry["reason"]
+        assert f"against FP32 on {BF16_COMPETITOR}" in why, why
+        assert "met the accuracy gates" in why or why.startswith("no recipe can meet the speed gate"), why
         return
     assert (report["status"], report["served"]) == ("passed", "int8"), (report.get("reason"), report.get("missed"))
 
