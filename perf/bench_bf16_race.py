@@ -26,6 +26,7 @@ from tritonkit.int8 import recipe
 from tritonkit.int8.params import QuantParams, file_digest
 from tritonkit.int8.quantize import quantize_with_params
 from tritonkit.int8.search import BF16_COMPETITOR, Recipe, speedup
+from tritonkit.repository import runtime_choice
 from tritonkit.serving.runtimes import DEFAULT
 
 
@@ -53,7 +54,7 @@ def main() -> int:
     if not entry or entry.get("recipe") is None:
         print(f"{kind.NAME}: no served INT8 recipe for the {cpu} class at {args.rev}; nothing to race", file=sys.stderr)
         return 2
-    runtime = json.loads(at_rev(args.rev, kind.spec.file.with_name(f"{kind.NAME}.runtime.json")) or b"{}")
+    runtime = json.loads(at_rev(args.rev, runtime_choice.choice_path(kind)) or b"{}")
     int8_variant = runtime.get("classes", {}).get(cpu, {}).get("models", {}).get(kind.INT8_MODEL, {}).get(
         "runtime", DEFAULT)
     r = Recipe.from_json(entry["recipe"])
