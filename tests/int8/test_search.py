@@ -249,10 +249,11 @@ class _CountedSearch(search.Search):
     metric the real search measures is replaced by that rule, so the number of candidates tried is exact)."""
 
     def __init__(self, need: int, passes_whole: bool = True, reject_from: int | None = None,
-                 units: int | None = None):
-        super().__init__(TinySpec(), Path("unused.onnx"), ["int8"], check_speed=False, progress=False,
-                         log=lambda _m: None)
+                 units: int | None = None, slow_from: int | None = None):
+        super().__init__(TinySpec(), Path("unused.onnx"), ["int8"], check_speed=slow_from is not None,
+                         progress=False, log=lambda _m: None)
         self.need, self.passes_whole, self.reject_from, self.tried = need, passes_whole, reject_from, []
+        self.slow_from = slow_from  # from this many float units on, a candidate runs under the speed gate
         self.units = units  # every unit one equal share of the compute; None: compute is not counted
         self._sample = self.ws.val = object()  # the two evaluators are only told apart, never run here
 
@@ -269,6 +270,12 @@ class _CountedSearch(search.Search):
         step = search.Step(stage, change, r.describe(), {}, float(max(self.need - n, 0)), passed)
         self.steps.append(step)
         return step
+
+
+    def prefix_speed(self, r):
+        self.tried.append(("wall", len(r.float_nodes)))
+        x = 0.5 if len(r.float_nodes) >= self.slow_from else 1.5
+        return {"speedup_batch8": x, "speedup_lo_batch8": x - 0.1, "speedup_hi_batch8": x + 0.1}
 
 
 def _units(n: int):
@@ -306,6 +313,41 @@ def test_fallback_under_a_passing_candidate_tries_its_longest_prefix_first():
     s = _CountedSearch(5)
     r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9)
     assert r is not None and len(r.float_nodes) == 5
+
+
+def test_a_fallback_ends_at_the_first_prefix_that_misses_accuracy_and_runs_under_the_speed_gate():
+    """Float units only slow a graph down: once a prefix that misses accuracy is timed under the speed gate, no
+    longer prefix can pass, and the track's other variants are tried once, at their longest prefix under it."""
+    s = _CountedSearch(30, slow_from=5)  # accuracy needs 30 units float; from 5 on the graph is too slow
+    assert s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(80)) is None
+    assert [n for stage, n in s.tried if stage == "fallback"] == [0, 1, 2, 4, 8]
+    assert [n for stage, n in s.tried if stage == "wall"] == [1, 2, 4, 8]
+    assert [w["float_nodes"] for w in s.walls] == [8] and s.walls[0]["batch"] == 8
+    s.tried.clear()
+    assert s.fallback("w", search.Recipe(form="int8", placement="inputs"), _units(80), max_float=8) is None
+    assert s.tried == [("fallback", 0), ("fallback", 7)]
+    # A wall past what accuracy needs ends nothing: the shortest passing prefix is found as before.
+    s = _CountedSearch(5, slow_from=20)
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(80))
+    assert r is not None and len(r.float_nodes) == 5 and not s.walls
+
+
+def test_a_search_whose_fallbacks_hit_the_speed_gate_says_so(tiny):
+    path, _ = tiny
+    spec = TinySpec()
+    spec.TARGETS = [Target("cosine_min", ">=", 1.0 + 1e-9)]  # unreachable: every prefix misses accuracy
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # every start passes the real speed ceiling
+
+    class Walled(search.Search):
+        def prefix_speed(self, r):  # every prefix with a unit float runs under the gate
+            return {"speedup_batch8": 5e-4, "speedup_lo_batch8": 4e-4, "speedup_hi_batch8": 6e-4}
+
+    result = Walled(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
+                    min_int8_share=0.0).run()
+    assert not result.passed and result.walls, result.reason
+    assert "the speed gate ended" in result.reason and "within the search budget" not in result.reason
+    assert all(w["float_nodes"] == 1 for w in result.walls), result.walls  # each track's wall, at its first prefix
+    assert {s.recipe.split(" ", 1)[1] for s in result.steps if s.stage == "fallback"} <= {"+0 float", "+1 float"}
 
 
 def test_the_tensorrt_form_keeps_two_thirds_of_the_compute_in_int8():

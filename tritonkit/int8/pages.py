@@ -71,11 +71,21 @@ def render_markdown(report: dict) -> str:
                       "for a found candidate's checks; an option is skipped alone, a fallback step ends the search):",
                       ""]
             lines += [_cut(c) for c in search["cuts"]]
+        if search.get("walls"):
+            lines += ["", "Ended by the speed gate (the prefix missed accuracy and already ran under the gate; longer "
+                      "prefixes are only slower):", ""]
+            lines += [_wall(w) for w in search["walls"]]
         for sens in search.get("sensitivity") or []:
             top = sens["units"][:8]
             lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
                       + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
     return "\n".join(lines) + "\n"
+
+
+def _wall(w: dict) -> str:
+    b, sp = w["batch"], w["speed"]
+    return (f"- `{w['recipe']}` at batch {b}: x{sp[f'speedup_batch{b}']:.2f} "
+            f"[{sp[f'speedup_lo_batch{b}']:.2f}, {sp[f'speedup_hi_batch{b}']:.2f}]")
 
 
 def _cut(c: dict) -> str:

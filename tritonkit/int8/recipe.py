@@ -477,7 +477,7 @@ def _search_summary(kind, form: str) -> dict:
     if not path.exists():
         return {"note": f"search report not on this machine; re-run with `{search_command(kind)}`"}
     full = json.loads(path.read_text())["search"].get(form, {})
-    return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed", "cuts")}
+    return {k: full.get(k) for k in ("steps", "sensitivity", "best_failed", "seconds", "speed", "cuts", "walls")}
 
 
 def _loud(msg: str) -> None:

@@ -178,6 +178,9 @@ class SearchResult:
     reason: str = ""
     # Steps the budget did not start: stage, what, estimate_s, left_s (after reserve_s), at_s (from the start)
     cuts: list[dict] = field(default_factory=list)
+    # Fallbacks ended by the speed gate (Search._at_wall): recipe, float_nodes, batch, speed; their longer prefixes
+    # were not tried (only slower), their shorter ones missed accuracy.
+    walls: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
@@ -475,6 +478,8 @@ class Search:
         self.steps: list[Step] = []
         self.sensitivity: list[dict] = []
         self.cuts: list[dict] = []
+        self.walls: list[dict] = []
+        self._tight_batch: int | None = None  # the served batch size where the fastest start's lead is smallest
         self._durations: dict[str, list[float]] = {}  # seconds of each finished step, by kind of step
         self._stopped = False  # a step did not fit in what was left: nothing more is started
         self._fastest: tuple[Recipe, float] | None = None  # the start that timed fastest, every unit INT8
@@ -831,6 +836,7 @@ class Search:
                         separate_from=gate)
         self._took("speed", time.perf_counter() - t1)
         under = [b for b in self.spec.SPEED_BATCHES if speed[f"speedup_hi_batch{b}"] < gate]
+        self._tight_batch = min(self.spec.SPEED_BATCHES, key=lambda b: speed[f"speedup_hi_batch{b}"])
         self.log(f"[search] speed ceiling: {r.describe()} (every unit INT8) runs {_speed(speed)} against FP32 on "
                  f"{self.speed_variants[0]}")
         if not under:
@@ -979,6 +985,8 @@ class Search:
             step = prefixes.scored[k]
             if _passed(step):
                 return lo, k
+            if self._at_wall(prefixes.items[k][1]):
+                return None
             lo = k
             best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
             if stale >= PATIENCE:
@@ -986,6 +994,34 @@ class Search:
                 return None
             k *= 2
         return None
+
+    def prefix_speed(self, r: Recipe) -> dict[str, float]:
+        """`r` timed against FP32 at the batch size where the fastest start led least, until its interval lies on
+        one side of the gate."""
+        batch = self._tight_batch or self.spec.SPEED_BATCHES[-1]
+        return speedup(self.spec, self.fp32, self.build(r), [batch], repeats=3, variants=self.speed_variants,
+                       separate_from=self.spec.SPEED_TARGET.value)
+
+    def _at_wall(self, r: Recipe) -> bool:
+        """Whether `r`, a prefix that missed accuracy, already runs under the speed gate: its 95 % interval wholly
+        below it at a served batch size. Longer prefixes put more units in float and only slow the graph down, and
+        shorter ones are less accurate (the gallop's premise): this ranking holds no recipe, and its fallback ends.
+        Without a speed gate, or when the timing does not fit the budget, the gallop goes on."""
+        if not self.check_speed or not self.fits("wall", r.describe(), self.estimate("wall") or
+                                                 self.estimate("speed"), ahead=0.0):
+            return False
+        t0 = time.perf_counter()
+        speed = self.prefix_speed(r)
+        self._took("wall", time.perf_counter() - t0)
+        (batch,) = {int(k.removeprefix("speedup_batch")) for k in speed if k.startswith("speedup_batch")}
+        hi = speed[f"speedup_hi_batch{batch}"]
+        if hi >= self.spec.SPEED_TARGET.value:
+            return False
+        self.walls.append({"recipe": r.describe(), "float_nodes": len(r.float_nodes), "batch": batch,
+                           "speed": {k: round(v, 4) for k, v in speed.items()}})
+        self.log(f"  stopped: {r.describe()} missed accuracy and already runs {_speed(speed)}, under the "
+                 f"{self.spec.SPEED_TARGET.value}x speed gate: longer prefixes are only slower")
+        return True
 
     def _confirm(self, name: str, prefixes: _Prefixes, hi: int) -> Recipe | None:
         """Prefix `hi` passed on the sample: the whole validation split decides, adding units while it misses."""
@@ -1062,12 +1098,15 @@ class Search:
             ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
             self._log_eta("fallback")
             finals = []
+            wall = None  # float nodes at this track's first wall: its variants share its speed, so stay under it
             for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
                     break
-                first = len(self.steps)
-                recipe = self.fallback(name, variant, ranked,
-                                       min(len(r.float_nodes) for r, _ in finals) if finals else None)
+                first, walls = len(self.steps), len(self.walls)
+                caps = [len(r.float_nodes) for r, _ in finals] + ([wall] if wall is not None else [])
+                recipe = self.fallback(name, variant, ranked, min(caps) if caps else None)
+                if wall is None and len(self.walls) > walls:
+                    wall = self.walls[-1]["float_nodes"]
                 if recipe is None:
                     # This fallback's own steps: variant names prefix one another ("x" and "x + calibrate=...")
                     # and recur across tracks ("as started"), so matching by name repeated entries.
@@ -1103,6 +1142,12 @@ class Search:
                         f"FP32 on {self.speed_variants[0]}, not above the {self.spec.SPEED_TARGET.value}x speed gate "
                         f"beyond the noise measured (95 % interval of the slowest batch size "
                         f"{sp.get('int8_speedup_lo', 0):.2f}x and up)")
+            if self.walls:
+                w = self.walls[0]
+                why += (f"; the speed gate ended {len(self.walls)} fallback(s) first: {w['recipe']} missed the "
+                        f"accuracy gates and already ran {_speed(w['speed'])} against FP32 on "
+                        f"{self.speed_variants[0]}, under the {self.spec.SPEED_TARGET.value}x gate, and more float "
+                        "units only slow a graph down")
             if self.min_int8_share:
                 why += (f" with at least {self.min_int8_share:.0%} of the weighted multiply-accumulates in INT8 "
                         "(below that the FP16 plan is faster)")
@@ -1132,7 +1177,8 @@ class Search:
             self.log(f"[search] the budget cut {len(self.cuts)} step(s), first {self.cuts[0]['stage']} "
                      f"'{self.cuts[0]['what']}' at {self.cuts[0]['at_s']:.0f} s of {self.budget_s:.0f} s")
         res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
-                           round(time.perf_counter() - t0, 1), recipe is not None, reason, list(self.cuts))
+                           round(time.perf_counter() - t0, 1), recipe is not None, reason, list(self.cuts),
+                           list(self.walls))
         if chosen is not None and recipe is None:
             res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
         return res
