@@ -350,6 +350,41 @@ def test_a_search_whose_fallbacks_hit_the_speed_gate_says_so(tiny):
     assert {s.recipe.split(" ", 1)[1] for s in result.steps if s.stage == "fallback"} <= {"+0 float", "+1 float"}
 
 
+class _Scan(search.Search):
+    """The sensitivity scan on its own: unit u's float copy scores cosine min 0.99 + gains[u] / 1000, and the budget
+    affords the unperturbed candidate and `affordable` units."""
+
+    def __init__(self, gains: dict[str, float], affordable: int):
+        super().__init__(TinySpec(), Path("unused.onnx"), ["int8"], check_speed=False, progress=False,
+                         log=lambda _m: None)
+        self.gains, self.affordable, self._sample = gains, affordable + 1, self
+
+    def units(self, r):
+        return {u: [u] for u in self.gains}
+
+    def build(self, r):
+        return r
+
+    def metrics(self, r, exact=False):
+        return {"cosine_min": 0.99 + sum(self.gains[n] for n in r.float_nodes) / 1000, "cosine_mean": 0.999}
+
+    def fits(self, kind, what, estimate=None, ahead=None):
+        self.affordable -= kind == "unit:sample"
+        return self.affordable >= 0
+
+
+def test_a_scan_cut_by_the_budget_ranks_its_unmeasured_units_after_those_that_helped():
+    gains = {"u0": 2.0, "u1": -1.0, "u2": 5.0, "u3": 9.0, "u4": 1.0}
+    s = _Scan(gains, affordable=3)
+    ranked = [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}, 0.0))]
+    assert ranked == ["u2", "u0", "u3", "u4", "u1"]  # helped by gain, then unmeasured in graph order, then no help
+    assert [u["unit"] for u in s.sensitivity[0]["units"]] == ["u2", "u0", "u1"]
+    assert s.sensitivity[0]["unmeasured"] == ["u3", "u4"]
+    s = _Scan(gains, affordable=0)  # no unit measured: graph order
+    assert [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}, 0.0))] \
+        == list(gains)
+
+
 def test_the_tensorrt_form_keeps_two_thirds_of_the_compute_in_int8():
     """Without a GPU speed gate, a TensorRT-form candidate may not leave more than a third of the compute float:
     a strongly typed network runs it in FP32 and the FP16 plan would be faster."""

@@ -881,36 +881,50 @@ class Search:
         return self._units[path]
 
     def rank_units(self, track: Track) -> list[tuple[str, list[str], float]]:
+        """[(unit, nodes, gain)]: the units that recover distortion most when left float first, measured one at a
+        time on the sample in graph order (early layers first). Units the budget left unmeasured come after those
+        that helped, in graph order; those that did not help come last."""
         from tqdm import tqdm
 
         from tritonkit.errors import QuantizationError
 
         units = self.units(track.recipe)
+        order = list(units)
         self._plan("unit:sample", len(units) + 1)
         t0 = time.perf_counter()
+        measured: list[tuple[str, list[str], float]] = []
+
+        def ranking() -> list[tuple[str, list[str], float]]:
+            done = {u for u, _, _ in measured}
+            rest = [(u, units[u], 0.0) for u in order if u not in done]
+            helped = sorted((m for m in measured if m[2] > 0), key=lambda m: -m[2])
+            self.sensitivity.append({
+                "recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
+                "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in
+                          sorted(measured, key=lambda m: -m[2])],
+                "unmeasured": [u for u, _, _ in rest]})
+            return helped + rest + [m for m in sorted(measured, key=lambda m: -m[2]) if m[2] <= 0]
+
         if not self.fits("unit:sample", "unperturbed", self.estimate("unit:sample"), self._after_scan(1)):
-            return []
+            return ranking()
         base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe), exact=self.exact))
         self._took("unit:sample", time.perf_counter() - t0)
-        ranked = []
-        for unit, members in tqdm(units.items(), desc=f"sensitivity {track.recipe.describe()}", unit="unit",
-                                  disable=not self.progress):
+        for unit in tqdm(order, desc=f"sensitivity {track.recipe.describe()}", unit="unit",
+                         disable=not self.progress):
             # A scan cut short still orders the units it measured: the fallback gets the time it needs.
-            if not self.fits("unit:sample", unit, self.estimate("unit:sample"), self._after_scan(len(ranked) + 1)):
-                self.log(f"  budget: sensitivity ranked for {len(ranked)} of {len(units)} units")
+            if not self.fits("unit:sample", unit, self.estimate("unit:sample"), self._after_scan(len(measured) + 1)):
+                self.log(f"  budget: sensitivity measured {len(measured)} of {len(units)} units (the rest in graph "
+                         "order)")
                 break
             t1 = time.perf_counter()
             try:
-                model = self.build(replace(track.recipe, float_nodes=members))
+                model = self.build(replace(track.recipe, float_nodes=units[unit]))
             except QuantizationError:
                 continue
             gain = base - distortion(self.rank_targets, self.sample.metrics(model, exact=self.exact))
-            ranked.append((unit, members, gain))
+            measured.append((unit, units[unit], gain))
             self._took("unit:sample", time.perf_counter() - t1)
-        ranked.sort(key=lambda u: -u[2])
-        self.sensitivity.append({"recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
-                                 "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in ranked]})
-        return ranked
+        return ranking()
 
     def fallback(self, name: str, start: Recipe, ranked, max_float: int | None = None) -> Recipe | None:
         """The shortest prefix of the sensitivity ranking that, kept in float, makes every gate hold (with the
