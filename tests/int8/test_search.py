@@ -299,6 +299,20 @@ def test_fallback_adds_units_on_the_whole_split_when_the_sample_was_lucky():
     assert s.tried[-3:] == [("confirm", 6), ("fallback", 7), ("fallback", 8)]
 
 
+def test_a_prefix_that_passed_on_the_sample_is_confirmed_when_the_budget_ends_the_bisection():
+    """all_mpnet_base_v2, 34-minute search: +8 units passed on the sample with 35 s left besides the reserve, the
+    bisection's next step did not fit, and the search ended with no candidate. The reserve is for confirming it."""
+
+    class Spent(_CountedSearch):
+        def _out_of_budget(self):
+            return any(stage == "fallback" and n >= self.need for stage, n in self.tried)
+
+    s = Spent(5)
+    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(40))
+    assert r is not None and len(r.float_nodes) == 8, s.tried  # gallop 0, 1, 2, 4, 8: 8 passed
+    assert s.tried[-1] == ("confirm", 8)
+
+
 def test_fallback_steps_back_from_a_prefix_the_quantizer_rejects():
     s = _CountedSearch(34, reject_from=36)  # 36 units: all of them float, nothing left to quantize
     r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(36))

@@ -938,11 +938,14 @@ class Search:
         if bounds is None:
             return None
         lo, hi = bounds  # the longest prefix that missed on the sample, the shortest that passed
-        while hi - lo > 1:
-            if self._out_of_budget():
-                return None
+        # A passing prefix is never lost to the budget: where bisecting no longer fits, the shortest one found so
+        # far goes to confirmation, which the reserve was kept for.
+        while hi - lo > 1 and not self._out_of_budget():
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if _passed(prefixes.score(mid)) else (mid, hi)
+            step = prefixes.score(mid)
+            if step is None and self.spent():  # not started: the budget, not the graph, said no
+                break
+            lo, hi = (lo, mid) if _passed(step) else (mid, hi)
         return self._confirm(name, prefixes, hi)
 
     def _prefixes(self, name: str, start: Recipe, ranked, max_float: int | None) -> list[tuple[str, Recipe]]:
@@ -992,13 +995,11 @@ class Search:
         lo, k, best, stale = 0, 1, first.distortion if first else float("inf"), 0
         while lo < prefixes.last:
             k = prefixes.buildable(min(k, prefixes.last))
-            if self._out_of_budget():
-                return None
-            if k <= lo:
+            if k > lo and _passed(prefixes.scored.get(k)):
+                return lo, k  # whatever the budget: a passing prefix goes on to confirmation (Search.fallback)
+            if self._out_of_budget() or k <= lo:
                 return None
             step = prefixes.scored[k]
-            if _passed(step):
-                return lo, k
             if self._at_wall(prefixes.items[k][1]):
                 return None
             lo = k
