@@ -889,27 +889,25 @@ class Search:
         from tritonkit.errors import QuantizationError
 
         units = self.units(track.recipe)
-        order = list(units)
         self._plan("unit:sample", len(units) + 1)
         t0 = time.perf_counter()
         measured: list[tuple[str, list[str], float]] = []
 
         def ranking() -> list[tuple[str, list[str], float]]:
+            by_gain = sorted(measured, key=lambda m: -m[2])
             done = {u for u, _, _ in measured}
-            rest = [(u, units[u], 0.0) for u in order if u not in done]
-            helped = sorted((m for m in measured if m[2] > 0), key=lambda m: -m[2])
+            rest = [(u, members, 0.0) for u, members in units.items() if u not in done]
             self.sensitivity.append({
                 "recipe": track.recipe.describe(), "seconds": round(time.perf_counter() - t0, 1),
-                "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in
-                          sorted(measured, key=lambda m: -m[2])],
+                "units": [{"unit": u, "nodes": len(m), "gain": round(g, 4)} for u, m, g in by_gain],
                 "unmeasured": [u for u, _, _ in rest]})
-            return helped + rest + [m for m in sorted(measured, key=lambda m: -m[2]) if m[2] <= 0]
+            return [m for m in by_gain if m[2] > 0] + rest + [m for m in by_gain if m[2] <= 0]
 
         if not self.fits("unit:sample", "unperturbed", self.estimate("unit:sample"), self._after_scan(1)):
             return ranking()
         base = distortion(self.rank_targets, self.sample.metrics(self.build(track.recipe), exact=self.exact))
         self._took("unit:sample", time.perf_counter() - t0)
-        for unit in tqdm(order, desc=f"sensitivity {track.recipe.describe()}", unit="unit",
+        for unit in tqdm(units, desc=f"sensitivity {track.recipe.describe()}", unit="unit",
                          disable=not self.progress):
             # A scan cut short still orders the units it measured: the fallback gets the time it needs.
             if not self.fits("unit:sample", unit, self.estimate("unit:sample"), self._after_scan(len(measured) + 1)):
@@ -1010,12 +1008,15 @@ class Search:
             k *= 2
         return None
 
+    @property
+    def _wall_batch(self) -> int:
+        """The batch size a wall is timed at: where the fastest start led least (the largest before the ceiling)."""
+        return self._tight_batch or self.spec.SPEED_BATCHES[-1]
+
     def prefix_speed(self, r: Recipe) -> dict[str, float]:
-        """`r` timed against FP32 at the batch size where the fastest start led least, until its interval lies on
-        one side of the gate."""
-        batch = self._tight_batch or self.spec.SPEED_BATCHES[-1]
-        return speedup(self.spec, self.fp32, self.build(r), [batch], repeats=3, variants=self.speed_variants,
-                       separate_from=self.spec.SPEED_TARGET.value)
+        """`r` timed against FP32 at the wall's batch size, until its interval lies on one side of the gate."""
+        return speedup(self.spec, self.fp32, self.build(r), [self._wall_batch], repeats=3,
+                       variants=self.speed_variants, separate_from=self.spec.SPEED_TARGET.value)
 
     def _at_wall(self, r: Recipe) -> bool:
         """Whether `r`, a prefix that missed accuracy, already runs under the speed gate: its 95 % interval wholly
@@ -1028,9 +1029,8 @@ class Search:
         t0 = time.perf_counter()
         speed = self.prefix_speed(r)
         self._took("wall", time.perf_counter() - t0)
-        (batch,) = {int(k.removeprefix("speedup_batch")) for k in speed if k.startswith("speedup_batch")}
-        hi = speed[f"speedup_hi_batch{batch}"]
-        if hi >= self.spec.SPEED_TARGET.value:
+        batch = self._wall_batch
+        if speed[f"speedup_hi_batch{batch}"] >= self.spec.SPEED_TARGET.value:
             return False
         self.walls.append({"recipe": r.describe(), "float_nodes": len(r.float_nodes), "batch": batch,
                            "speed": {k: round(v, 4) for k, v in speed.items()}})
