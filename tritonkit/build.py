@@ -112,10 +112,12 @@ def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, 
 def speed_variants(kind) -> tuple[str, str]:
     """The runtime variants this CPU class serves the FP32 and INT8 models on (models/<name>.runtime.json; ONNX
     Runtime before any choice). A search races INT8 against FP32 as the INT8 name would serve it instead
-    (tritonkit.int8.search.fp32_competitor); a replay races what its recipe was searched against."""
+    (tritonkit.int8.search.fp32_competitor); a replay races what its recipe was searched against. A variant in bf16
+    recorded for the class runs in its own precision where this CPU has no native bf16."""
     from tritonkit.repository import runtime_choice
 
-    return runtime_choice.variant_for(kind, kind.FP32_MODEL), runtime_choice.variant_for(kind, kind.INT8_MODEL)
+    return tuple(runtime_choice.usable_here(runtime_choice.variant_for(kind, m))
+                 for m in (kind.FP32_MODEL, kind.INT8_MODEL))
 
 
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,

@@ -45,6 +45,8 @@ VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 CLASSES = ("vnni", "avx512", "avx2", "generic")
 # The one way to make this machine act as a CPU of another class (tests of a mismatched replica; pinning a replica).
 CLASS_ENV = "TRITONKIT_CPU_CLASS"
+# Set to "1": this machine acts as a CPU of its class without native bf16 (tests of such a replica; pinning one).
+NO_BF16_ENV = "TRITONKIT_NO_BF16"
 
 
 def int8_class(features: list[str] | None = None) -> str:
@@ -69,7 +71,9 @@ def int8_sums_exact(features: list[str] | None = None) -> bool:
 
 def has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (no runtime offers bf16 without it). bf16 exists only on AVX-512
-    CPUs, so a class faked as "avx2" or "generic" has none."""
+    CPUs, so a class faked as "avx2" or "generic" has none, nor one with $TRITONKIT_NO_BF16=1."""
+    if os.environ.get(NO_BF16_ENV) == "1":
+        return False
     return bool(cpu_flags(wanted=BF16_FLAGS)) and int8_class() in ("vnni", "avx512")
 
 

@@ -513,6 +513,34 @@ def test_cpu_int8_classes():
     assert int8_class([]) == "generic"
 
 
+def test_a_candidate_the_speed_gate_alone_rejects_is_kept_with_its_accuracy(tiny):
+    """A CPU of the class that cannot run the FP32 competitor the candidate lost to races it there: the search keeps
+    the fastest candidate that held every accuracy gate, with its whole-split validation metrics."""
+    path, sensitive = tiny
+    spec = TinySpec()
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # the real ceiling and quick timings pass
+
+    class Outrun(search.Search):
+        def candidate_speed(self, r):  # what a faster FP32 competitor (bf16) would leave it
+            return {"speedup_batch8": 0.9, "speedup_lo_batch8": 5e-4, "speedup_hi_batch8": 9e-4,
+                    "int8_speedup": 0.9, "int8_speedup_lo": 5e-4}
+
+    result = Outrun(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
+                    min_int8_share=0.0).run()
+    assert not result.passed and result.recipe is None and "fastest that met the accuracy gates" in result.reason
+    kept = result.accurate
+    assert kept is not None and kept["speed"]["int8_speedup_lo"] == 5e-4
+    assert sensitive in kept["recipe"]["float_nodes"] and len(kept["recipe"]["float_nodes"]) < 3
+    assert all(t.met(kept["validation"]) for t in spec.TARGETS), kept["validation"]
+    # Its validation numbers are the whole split's, as the search measured them: the same graph scores the same.
+    rebuilt = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    again = rebuilt.val.metrics(rebuilt.build(search.Recipe.from_json(kept["recipe"])))
+    assert again == pytest.approx(kept["validation"], abs=1e-6)
+    # A search that is not speed-gated has no such candidate.
+    assert search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                         min_int8_share=0.0).run().accurate is None
+
+
 def _recipe_file(tmp_path, served: dict, env_features=("avx2", "avx512bw", "avx512_vnni")):
     import json
     from types import SimpleNamespace
@@ -565,6 +593,50 @@ def test_a_recipe_from_another_cpu_class_that_misses_here_serves_fp32_not_a_fail
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     assert meta[recipe.PRECISION_KEY].startswith("fp32-fallback: the served recipe was searched on a vnni CPU")
     assert not any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
+
+
+@pytest.mark.parametrize("candidate", ["accurate", "inaccurate"])
+def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_path, monkeypatch, candidate):
+    """The class's search fell back only because FP32 on OpenVINO bf16 outran its accurate candidate. A CPU of the
+    class without native bf16 cannot run that competitor: it replays the candidate, proves it on the test split and
+    races FP32 as served here; one that misses a gate there serves FP32, marked, and the build goes on."""
+    import json
+
+    import onnxruntime as ort
+
+    from tritonkit import envinfo
+    from tritonkit.int8 import recipe
+
+    path, sensitive = tiny
+    floats = [sensitive] if candidate == "accurate" else []  # every layer INT8 misses the tiny model's gates
+    found = {"form": "int8", "placement": "inputs", "float_nodes": floats}
+    entry = {"recipe": None, "status": recipe.FALLBACK, "speed_against": search.BF16_COMPETITOR,
+             "accurate": {"recipe": found, "validation": {"cosine_min": 0.9999}, "speed": {"int8_speedup": 0.9}}}
+    committed = _recipe_file(tmp_path, {"vnni": entry})
+    monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
+    monkeypatch.setenv(envinfo.NO_BF16_ENV, "1")
+    data = recipe.load_recipes(committed)
+    assert data["served"]["recipe"] == found and data["served"]["without_bf16"]
+    assert recipe.load_recipes(committed, cpu="vnni")["served"] == entry  # a class named: its record as committed
+    spec = TinySpec()
+    spec.EXPORT = type("Export", (), {"name": "tiny"})
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # this test is about which graph, not its speed
+    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    out = tmp_path / "served.onnx"
+    outcome = recipe.replay(spec, path, "served", data, out, progress=False)
+    dq = any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
+    meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
+    if candidate == "accurate":
+        assert outcome.status == "passed" and dq and recipe.file_recipe(out) == recipe.recipe_digest(found)
+        report = json.loads(recipe.report_path(spec).read_text())
+        assert all(t.met(report["test"]) for t in spec.TARGETS) and "no native bf16" in report["recipe_cpu"]
+    else:
+        assert outcome.status == recipe.FALLBACK and not dq
+        assert "replayed for a CPU without native bf16, misses here (test: cosine_min" in meta[recipe.PRECISION_KEY]
+    # A CPU with native bf16 serves what its class's race chose: FP32 on OpenVINO bf16.
+    monkeypatch.delenv(envinfo.NO_BF16_ENV)
+    if envinfo.has_bf16():
+        assert recipe.load_recipes(committed)["served"] == entry
 
 
 def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):

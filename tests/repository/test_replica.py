@@ -242,3 +242,64 @@ def test_the_container_supervisor_serves_fp32_on_a_mismatched_node(tree, tmp_pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture
+def outrun(tree):
+    """The records of a vnni search whose accurate candidate lost its speed race only to FP32 on OpenVINO bf16: the
+    INT8 name serves the FP32 file on openvino-bf16 there, and the repository's INT8 file is that candidate (a build
+    on a vnni CPU without native bf16 replays it)."""
+    from tritonkit.repository import runtime_choice
+
+    kind = tree[0]
+    paths = (recipe.recipe_path(kind), runtime_choice.choice_path(kind))
+    before = [p.read_text() for p in paths]
+    entry = {"status": recipe.FALLBACK, "recipe": None, "speed_against": "openvino-bf16",
+             "accurate": {"recipe": RECIPE, "validation": {}, "speed": {}}}
+    paths[0].write_text(json.dumps({"served": {"vnni": entry}}))
+    models = {kind.INT8_MODEL: {"runtime": "openvino-bf16"}, kind.FP32_MODEL: {"runtime": "onnxruntime"}}
+    paths[1].write_text(json.dumps({"classes": {"vnni": {"models": models}}}))
+    try:
+        yield tree
+    finally:
+        for path, text in zip(paths, before, strict=True):
+            path.write_text(text)
+
+
+def test_a_cpu_without_bf16_serves_its_classes_candidate_once_a_build_proved_it(outrun, tmp_path):
+    import shutil
+
+    from tritonkit.repository.config import parse_config
+
+    kind, repo, _, _ = outrun
+    record = replica.record([kind], repo)
+    entry = record["models"][kind.INT8_MODEL]
+    with_bf16 = replica.decide(entry, kind.INT8_MODEL, "vnni", bf16=True)
+    assert (with_bf16.int8, with_bf16.variant) == (False, "openvino-bf16")  # the race's winner: FP32 in bf16
+    without = replica.decide(entry, kind.INT8_MODEL, "vnni", bf16=False)
+    assert (without.int8, without.variant, without.loud) == (True, "openvino", False)
+    view = tmp_path / "view"
+    replica.view(repo, view, record, cpu_class="vnni", bf16=False)
+    assert (view / kind.INT8_MODEL / "1").resolve() == (repo / kind.INT8_MODEL / "1").resolve()
+    cfg = parse_config((view / kind.INT8_MODEL / "config.pbtxt").read_text(), kind.INT8_MODEL)
+    assert cfg.parameters[INT8_SERVED_PARAMETER].string_value == "1" and "HINT_BF16" not in cfg.parameters
+    replica.view(repo, tmp_path / "bf16", record, cpu_class="vnni", bf16=True)
+    assert (tmp_path / "bf16" / kind.INT8_MODEL / "1").resolve() == (repo / kind.FP32_MODEL / "1").resolve()
+    # A repository whose INT8 file is not that candidate serves FP32 and says how to build the INT8 one.
+    other = tmp_path / "other"
+    shutil.copytree(repo, other)
+    recipe.mark_recipe(other / kind.INT8_MODEL / "1" / "model.onnx", {**RECIPE, "note": "another recipe"})
+    entry = replica.record([kind], other)["models"][kind.INT8_MODEL]
+    decision = replica.decide(entry, kind.INT8_MODEL, "vnni", bf16=False)
+    assert not decision.int8 and decision.variant == "onnxruntime"
+    assert "no native bf16" in decision.reason and f"make build MODEL={kind.NAME}" in decision.reason
+
+
+def test_a_replica_without_bf16_serves_the_candidate_int8_file(start_server, outrun, monkeypatch):
+    kind, repo, pixels, want = outrun
+    monkeypatch.setenv(envinfo.NO_BF16_ENV, "1")
+    server = _serve(start_server, kind, repo, monkeypatch, "vnni")
+    got = _logits(server, kind.INT8_MODEL, pixels)
+    # OpenVINO's INT8 kernels round apart from onnxruntime's, by far less than the FP32 file differs.
+    assert np.abs(got - want["int8"]).max() < 0.25 * np.abs(want["fp32"] - want["int8"]).max()
+    assert _gauge(server, kind.INT8_MODEL) == 1.0 and "SERVING FP32" not in server.log_path.read_text()

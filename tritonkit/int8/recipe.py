@@ -176,9 +176,10 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                               speed_variants=speed_variants)
             result = searcher.run()
             full[form] = result.to_json()
-            if result.recipe is not None:  # committed beside the recipe: replays then skip calibration
-                found = asdict(result.recipe)
-                saved = searcher.quant_params(result.recipe, recipe_digest(found), params_origin(kind)).save(
+            # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.
+            kept = result.recipe or (Recipe.from_json(result.accurate["recipe"]) if result.accurate else None)
+            if kept is not None:
+                saved = searcher.quant_params(kept, recipe_digest(asdict(kept)), params_origin(kind)).save(
                     params_path(kind, form, {"class": cpu}))
                 _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
             elif (stale := params_path(kind, form, {"class": cpu})).exists():  # an earlier recipe's: unread now
@@ -193,6 +194,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                 "validation": result.validation,
                 "test": result.test,
                 "floor": half,
+                **({"accurate": result.accurate} if result.accurate else {}),
                 "env": envinfo.fingerprint(),
             }
             # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
@@ -228,18 +230,33 @@ def committed_recipes(kind) -> dict | None:
 def load_recipes(kind, cpu: str | None = None) -> dict | None:
     """The committed recipes with "served" resolved for this CPU's INT8 class (or `cpu`): its own entry, else the
     one searched on another class, marked "borrowed_from". A borrowed recipe's replay re-checks every gate here
-    and serves FP32, loudly, where one misses (see replay)."""
+    and serves FP32, loudly, where one misses (see replay). This CPU without native bf16 gets its class's
+    candidate for such CPUs where there is one (without_bf16)."""
     data = committed_recipes(kind)
     if data is None or not data.get("served"):
         return data
+    here = cpu is None
     cpu = cpu or envinfo.int8_class()
     by_class = data["served"]
     if cpu in by_class:
-        data["served"] = by_class[cpu]
+        own = by_class[cpu]
+        data["served"] = (here and not envinfo.has_bf16() and without_bf16(own)) or own
     else:
         donor = "vnni" if "vnni" in by_class else sorted(by_class)[0]
         data["served"] = {**by_class[donor], "borrowed_from": donor}
     return data
+
+
+def without_bf16(entry: dict) -> dict | None:
+    """What a CPU of the class without native bf16 replays of its class's served `entry`: the search's accurate
+    candidate where the speed gate alone rejected it, against FP32 on OpenVINO bf16, which such a CPU cannot run
+    (accuracy is the class's, speed this machine's); its replay proves it on the test split and races FP32 as served
+    here. None where the entry is no such fallback."""
+    accurate = entry.get("accurate")
+    if entry.get("status") != FALLBACK or not accurate or entry.get("speed_against") != BF16_COMPETITOR:
+        return None
+    return {**entry, "recipe": accurate["recipe"], "validation": accurate.get("validation") or {},
+            "status": "passed", "without_bf16": True}
 
 
 def served_label(name: str) -> str:
@@ -342,9 +359,12 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                        for i, t in enumerate(targets["validation"])]
     if form == "served":
         report["gates"].append({**asdict(kind.SPEED_TARGET)})
-    borrowed, here = entry.get("borrowed_from"), envinfo.int8_class()
+    borrowed, here, candidate = entry.get("borrowed_from"), envinfo.int8_class(), entry.get("without_bf16")
     if borrowed:
         report["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
+    if candidate:
+        report["recipe_cpu"] = (f"the {here} search's accurate candidate, which lost its speed race to FP32 on "
+                                f"{BF16_COMPETITOR} there; this CPU has no native bf16")
 
     def fall_back(reason: str) -> Outcome:
         write_fp32_fallback(fp32, out, reason)
@@ -387,7 +407,8 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     # Accuracy is the class's, speed this machine's (two CPUs of one class differ, e.g. with and without AMX): a
     # served recipe that misses only its speed gate here serves FP32, loudly, rather than failing the build.
     slow_here = form == "served" and not any(m.startswith("test: ") for m in miss)
-    if miss and (borrowed or slow_here):  # borrowed: no recipe was ever searched for this CPU's kernels
+    # borrowed: no recipe was ever searched for this CPU's kernels; a candidate was never proven on the test split
+    if miss and (borrowed or slow_here or candidate):
         tmp.unlink()
         report.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
                       test=metrics["test"], speed=speed, missed_here=miss)
@@ -396,6 +417,9 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                              f"{here} CPU ({'; '.join(miss)}); search this CPU's with "
                              f"`make int8-search MODEL={kind.NAME} FORM=served` and commit it")
         report["speed_variants"] = list(speed_variants)
+        if candidate:
+            return fall_back(f"the {here} search's accurate candidate, replayed for a CPU without native bf16, "
+                             f"misses here ({'; '.join(miss)}); FP32 serves")
         return fall_back(f"the served recipe holds its accuracy gates here but not its speed gate against FP32 on "
                          f"{speed_variants[0]} ({'; '.join(miss)}): FP32 serves faster on this machine")
     mark_recipe(tmp, entry["recipe"])

@@ -8,8 +8,10 @@ carries the digest of the recipe that built it (tritonkit.int8.recipe.mark_recip
 - a spec's INT8 model (and its fused model) serves its INT8 file on the class's recorded runtime when that class
   has its own passed recipe, that recipe built the file here, and its own runtime record; where the class's search
   found no INT8 (status fp32-fallback), its FP32 file on the class's recorded runtime;
-- otherwise, and wherever the recorded runtime computes in bf16 on a CPU without native bf16, that model's FP32
-  file on ONNX Runtime, under the same name, loudly;
+- where the recorded runtime computes in bf16 and this CPU has none: the INT8 file on that runtime in its own
+  precision when it was built from the class's candidate for such CPUs (tritonkit.int8.recipe.without_bf16: the
+  search's accurate candidate, which lost its speed race only to FP32 in bf16) and proven by a build on one;
+- otherwise that model's FP32 file on ONNX Runtime, under the same name, loudly;
 - an FP32 model serves on its class's recorded runtime, else ONNX Runtime. Another class's record is never used.
 
 `record()` collects those facts for every class and renders the configs each choice serves (it needs the specs
@@ -45,6 +47,7 @@ class Decision:
     int8: bool  # the INT8 graph is served
     variant: str  # runtime variant (tritonkit.serving.runtimes.VARIANTS)
     reason: str
+    without_bf16: bool = False  # the class's option for CPUs without native bf16 (its "without_bf16" entry)
 
     @property
     def loud(self) -> bool:
@@ -59,8 +62,13 @@ def decide(entry: dict, model: str, cpu_class: str, bf16: bool) -> Decision:
                                 f"{', '.join(sorted(entry['classes'])) or 'none'})"
     if own.get("variant"):
         variant = own["variant"]
+        free = own.get("without_bf16") or {}
+        if own.get("needs_bf16") and not bf16 and free.get("variant"):
+            return Decision(model, role, cpu_class, cpu_class, True, free["variant"],
+                            f"INT8 proven on {cpu_class} CPUs without native bf16, on {free['variant']}", True)
         if own.get("needs_bf16") and not bf16:
-            why = f"{variant}, recorded for {cpu_class}, computes in bf16 and this CPU has no native bf16"
+            why = f"{variant}, recorded for {cpu_class}, computes in bf16 and this CPU has no native bf16" + \
+                (f"; {free['missing']}" if free.get("missing") else "")
         elif role == "fp32":
             return Decision(model, role, cpu_class, cpu_class, False, variant, f"{variant}, measured on {cpu_class}")
         elif own.get("status") == "passed":
@@ -73,6 +81,14 @@ def decide(entry: dict, model: str, cpu_class: str, bf16: bool) -> Decision:
     if role == "fp32":
         return Decision(model, role, cpu_class, FALLBACK, False, variant, f"{variant}: {why}")
     return Decision(model, role, cpu_class, FALLBACK, False, variant, f"FP32 on {variant}: {why}")
+
+
+def served_option(entry: dict, decision: Decision) -> dict:
+    """The option of `entry` (a `record()` model) that `decision` serves: its files, configs and variant."""
+    if decision.option == FALLBACK:
+        return entry["fallback"]
+    own = entry["classes"][decision.option]
+    return own["without_bf16"] if decision.without_bf16 else own
 
 
 def _pbtxt_string(text: str) -> str:
@@ -115,7 +131,7 @@ def view(source: Path, dest: Path, record: dict, cpu_class: str | None = None, b
         files_from = folder
         if entry is not None:
             decision = decide(entry, folder.name, cpu_class, bf16)
-            option = entry["fallback"] if decision.option == FALLBACK else entry["classes"][decision.option]
+            option = served_option(entry, decision)
             files_from = source / option["files_from"]
             if not files_from.is_dir():
                 raise ReplicaError(f"{folder.name}: the record serves files of {option['files_from']}, which "
@@ -273,11 +289,30 @@ def record(kinds: list, repository: Path, native=None) -> dict:
                                        variant=variant, needs_bf16=runtime_choice.needs_bf16(variant),
                                        status=None if role == "fp32" else served.get("status"),
                                        files_from=model if int8 or role == "fp32" else fp32_files)
+                candidate = recipe.without_bf16(served) if role != "fp32" else None
+                if candidate is not None and runtime_choice.needs_bf16(variant):
+                    built = recipe.recipe_digest(candidate["recipe"]) == built_with
+                    classes[cpu]["without_bf16"] = _without_bf16(kind, folder, model, role, variant, native, cpu, built)
             fallback = _render(kind, folder, DEFAULT, kind.FP32_MODEL if role == "fused" else None, native)
             models[model] = {"spec": kind.NAME, "role": role, "classes": classes,
                              "fallback": _option(fallback, embedded=native is None, variant=DEFAULT,
                                                  files_from=fp32_files)}
     return {"models": models}
+
+
+def _without_bf16(kind, folder: Path, model: str, role: str, variant: str, native, cpu: str, built: bool) -> dict:
+    """A class's option for its CPUs without native bf16, where its search kept an accurate candidate: the INT8 file
+    on `variant` in its own precision when the file here was built from that candidate (`built`: a build on such a
+    CPU replays it, tritonkit.int8.recipe.load_recipes), else why not."""
+    from tritonkit.repository import runtime_choice
+
+    if not built:
+        return {"missing": (f"the INT8 file here is not the {cpu} candidate for CPUs without native bf16 "
+                            f"(`make build MODEL={kind.NAME}` on such a CPU builds and proves it)")}
+    free = runtime_choice.without_bf16(variant)
+    onnx_from = kind.INT8_MODEL if role == "fused" else None
+    return _option(_render(kind, folder, free, onnx_from, native), embedded=native is None, variant=free,
+                   needs_bf16=False, status="passed", files_from=model)
 
 
 def write_record(repository: Path, data: dict) -> Path:

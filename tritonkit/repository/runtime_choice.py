@@ -89,6 +89,20 @@ def needs_bf16(variant: str) -> bool:
     return dict(VARIANTS[variant][1]).get("HINT_BF16") == "YES"
 
 
+def without_bf16(variant: str) -> str:
+    """`variant`'s runtime in its own precision (the same variant when it computes no bf16): what a CPU of the same
+    class without native bf16 runs that file on."""
+    if not needs_bf16(variant):
+        return variant
+    runtime, params = VARIANTS[variant][0], {k: v for k, v in VARIANTS[variant][1] if k != "HINT_BF16"}
+    return next(v for v, (r, p) in VARIANTS.items() if r == runtime and dict(p) == params)
+
+
+def usable_here(variant: str) -> str:
+    """`variant`, or its bf16-free twin where this CPU has no native bf16 (its class's record may be from one with)."""
+    return variant if envinfo.has_bf16() else without_bf16(variant)
+
+
 def variant_parameters(kind, variant: str) -> dict[str, str]:
     """The config parameters `variant` adds (OpenVINO's bf16 hint, by its native name; the packing bucket only for
     a kind that packs)."""
