@@ -55,3 +55,17 @@ def test_a_page_lists_what_the_budget_cut():
     assert "- variant:sample `smooth_alpha=0.5` at 798 s: about 41 s, 12 s left" in page
     assert "- speed `uint8-all-minmax +3 float`: 0 s left" in page
     assert "Cut by the budget" not in pages.render_markdown(_report(search={"seconds": 1.0, "steps": [step]}))
+
+
+def test_the_docs_page_is_brief_and_names_the_recipes_cpu():
+    step = {"stage": "start", "change": "form=int8", "recipe": "int8-all", "seconds": 60.0, "distortion": 1.5,
+            "passed": False}
+    report = _report(search={"seconds": 100.0, "steps": [step], "cuts": [{"stage": "speed", "what": "x",
+                                                                          "left_s": 0.0}]},
+                     recipe_cpu="the vnni search's accurate candidate; this CPU has no native bf16")
+    page = pages.render_markdown(report, brief=True)
+    assert "Made " not in page and "| start |" not in page
+    assert "Kept in float (1): listed in `models/tiny.int8.json`" in page
+    assert "Search: 100.0 s, 1 steps (start 60 s, sensitivity 0 s, other 40 s); 1 cut by the budget" in page
+    assert "Recipe's CPU: the vnni search's accurate candidate; this CPU has no native bf16." in page
+    assert "Made " in pages.render_markdown(report) and "| start |" in pages.render_markdown(report)

@@ -293,6 +293,15 @@ def test_a_cpu_without_bf16_serves_its_classes_candidate_once_a_build_proved_it(
     decision = replica.decide(entry, kind.INT8_MODEL, "vnni", bf16=False)
     assert not decision.int8 and decision.variant == "onnxruntime"
     assert "no native bf16" in decision.reason and f"make build MODEL={kind.NAME}" in decision.reason
+    # A class whose INT8 passed on openvino-bf16 serves its proven file there in f32 on such a CPU.
+    recipe.recipe_path(kind).write_text(json.dumps({"served": {"vnni": {"status": "passed", "recipe": RECIPE}}}))
+    entry = replica.record([kind], repo)["models"][kind.INT8_MODEL]
+    assert replica.decide(entry, kind.INT8_MODEL, "vnni", bf16=True).variant == "openvino-bf16"
+    proven = replica.decide(entry, kind.INT8_MODEL, "vnni", bf16=False)
+    assert (proven.int8, proven.variant) == (True, "openvino")
+    # ... but only the file that class proved.
+    assert not replica.decide(replica.record([kind], other)["models"][kind.INT8_MODEL], kind.INT8_MODEL, "vnni",
+                              bf16=False).int8
 
 
 def test_a_replica_without_bf16_serves_the_candidate_int8_file(start_server, outrun, monkeypatch):

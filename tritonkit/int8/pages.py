@@ -32,12 +32,17 @@ def _floor_lines(report: dict) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict) -> str:
-    """A readable page: gates, metrics per split, speed per batch, float units and the search's steps."""
+def render_markdown(report: dict, brief: bool = False) -> str:
+    """A readable page: gates, metrics per split, speed per batch, float units and the search's steps. `brief` (the
+    docs' page, whose head names the environment): no environment line, float units counted, the search in a line."""
     lines = [f"# {report['model']} INT8 ({report['form']} form): {report['status'].upper()}", ""]
     env = report.get("env", {})
-    lines += [f"Made {report['created']} with {', '.join(f'{k} {v}' for k, v in env.get('packages', {}).items())}; "
-              f"CPU INT8 features: {', '.join(env.get('cpu_int8_features', [])) or 'none'}.", ""]
+    if not brief:
+        lines += [f"Made {report['created']} with "
+                  f"{', '.join(f'{k} {v}' for k, v in env.get('packages', {}).items())}; "
+                  f"CPU INT8 features: {', '.join(env.get('cpu_int8_features', [])) or 'none'}.", ""]
+    if report.get("recipe_cpu"):
+        lines += [f"Recipe's CPU: {report['recipe_cpu']}.", ""]
     if report.get("served") == "fp32":
         lines += [f"**No INT8 candidate passed; the FP32 model is served.** {report.get('reason', '')}", ""]
     else:
@@ -53,13 +58,20 @@ def render_markdown(report: dict) -> str:
                     lines.append(f"| {b} | {speed[f'fp32_ms_batch{b}']:.2f} | {speed[f'int8_ms_batch{b}']:.2f} | "
                                  f"{speed[k]:.2f} | {f'{lo:.2f}–{hi:.2f}' if lo is not None else '—'} |")
         float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
-        lines += ["", f"Kept in float ({len(float_nodes)}): " + (", ".join(f"`{n}`" for n in float_nodes) or "none")]
+        names = f"listed in `{report['recipe_file']}`" if brief and float_nodes else \
+            (", ".join(f"`{n}`" for n in float_nodes) or "none")
+        lines += ["", f"Kept in float ({len(float_nodes)}): {names}"]
         if report.get("int8_mac_share") is not None:
             lines += ["", f"Weighted multiply-accumulates in INT8: {report['int8_mac_share']:.1%}."]
         if report.get("missed"):
             lines += ["", "Missed: " + "; ".join(report["missed"])]
     search = report.get("search", {})
-    if search.get("steps"):
+    if brief and search.get("steps"):
+        lines += ["", f"Search: {search.get('seconds')} s, {len(search['steps'])} steps ("
+                  + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())
+                  + f"); {len(search.get('cuts') or [])} cut by the budget, {len(search.get('walls') or [])} ended "
+                  "by the speed gate; every step in build/reports/ where it ran."]
+    elif search.get("steps"):
         lines += ["", f"## Search ({search.get('seconds')} s on the validation split)", "",
                   "| stage | change | recipe | distortion | passed | speed-up |", "|---|---|---|---|---|---|"]
         for s in search["steps"]:

@@ -589,7 +589,7 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
             if not path.exists():
                 continue
             report = json.loads(path.read_text())
-            page = render_markdown(report).replace("# ", "## ", 1)
+            page = render_markdown(report, brief=True).replace("# ", "## ", 1)
             if not (report.get("search") or {}).get("steps"):  # the search's log is history: git keeps it
                 page += (f"\n_This build replayed the committed recipe ({paths.rel(recipe_path(kind))}); the "
                          f"search that made it is in the git history of {paths.rel(out)}._\n")
@@ -598,7 +598,7 @@ def docs(readme: Path = paths.ROOT / "README.md", out: Path | None = None) -> Pa
             bounds = {g["metric"]: g.get("test", g["value"]) for g in report.get("gates", [])}
             # Result, then the floor and the bound it sets (a bare result: no floor on this CPU, absolute gates).
             accuracy = ", ".join(f"{t.metric} {test[t.metric]:.4f}"
-                                 + (f" (floor {half[t.metric]:.4f}, gate {bounds.get(t.metric, t.value):.4f})"
+                                 + (f" ({half[t.metric]:.4f}, {bounds.get(t.metric, t.value):.4f})"
                                     if t.metric in half else "") for t in kind.TARGETS if t.metric in test)
             speed = report.get("speed", {}).get("int8_speedup")
             rows.append(f"| {kind.NAME} | {form} | {report['status']} | `{report.get('recipe_summary', 'FP32')}` | "

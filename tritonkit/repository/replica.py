@@ -9,8 +9,8 @@ carries the digest of the recipe that built it (tritonkit.int8.recipe.mark_recip
   has its own passed recipe, that recipe built the file here, and its own runtime record; where the class's search
   found no INT8 (status fp32-fallback), its FP32 file on the class's recorded runtime;
 - where the recorded runtime computes in bf16 and this CPU has none: the INT8 file on that runtime in its own
-  precision when it was built from the class's candidate for such CPUs (tritonkit.int8.recipe.without_bf16: the
-  search's accurate candidate, which lost its speed race only to FP32 in bf16) and proven by a build on one;
+  precision when it is the class's proven file, or the class's candidate for such CPUs built and proven by a build
+  on one (tritonkit.int8.recipe.without_bf16: the accurate candidate that lost its speed race only to FP32 in bf16);
 - otherwise that model's FP32 file on ONNX Runtime, under the same name, loudly;
 - an FP32 model serves on its class's recorded runtime, else ONNX Runtime. Another class's record is never used.
 
@@ -65,7 +65,8 @@ def decide(entry: dict, model: str, cpu_class: str, bf16: bool) -> Decision:
         free = own.get("without_bf16") or {}
         if own.get("needs_bf16") and not bf16 and free.get("variant"):
             return Decision(model, role, cpu_class, cpu_class, True, free["variant"],
-                            f"INT8 proven on {cpu_class} CPUs without native bf16, on {free['variant']}", True)
+                            f"INT8 proven on {cpu_class}, on {free['variant']} ({variant}, recorded for "
+                            f"{cpu_class}, computes in bf16 and this CPU has no native bf16)", True)
         if own.get("needs_bf16") and not bf16:
             why = f"{variant}, recorded for {cpu_class}, computes in bf16 and this CPU has no native bf16" + \
                 (f"; {free['missing']}" if free.get("missing") else "")
@@ -289,9 +290,9 @@ def record(kinds: list, repository: Path, native=None) -> dict:
                                        variant=variant, needs_bf16=runtime_choice.needs_bf16(variant),
                                        status=None if role == "fp32" else served.get("status"),
                                        files_from=model if int8 or role == "fp32" else fp32_files)
-                candidate = recipe.without_bf16(served) if role != "fp32" else None
-                if candidate is not None and runtime_choice.needs_bf16(variant):
-                    built = recipe.recipe_digest(candidate["recipe"]) == built_with
+                candidate = recipe.without_bf16(served) if role != "fp32" and not int8 else None
+                if runtime_choice.needs_bf16(variant) and (int8 or candidate is not None):
+                    built = int8 or recipe.recipe_digest(candidate["recipe"]) == built_with
                     classes[cpu]["without_bf16"] = _without_bf16(kind, folder, model, role, variant, native, cpu, built)
             fallback = _render(kind, folder, DEFAULT, kind.FP32_MODEL if role == "fused" else None, native)
             models[model] = {"spec": kind.NAME, "role": role, "classes": classes,
@@ -301,9 +302,10 @@ def record(kinds: list, repository: Path, native=None) -> dict:
 
 
 def _without_bf16(kind, folder: Path, model: str, role: str, variant: str, native, cpu: str, built: bool) -> dict:
-    """A class's option for its CPUs without native bf16, where its search kept an accurate candidate: the INT8 file
-    on `variant` in its own precision when the file here was built from that candidate (`built`: a build on such a
-    CPU replays it, tritonkit.int8.recipe.load_recipes), else why not."""
+    """A class's option for its CPUs without native bf16, whose INT8 name runs on `variant` in bf16: the INT8 file on
+    that runtime in its own precision, when the file here is the class's proven one or the accurate candidate its
+    search kept (`built`: a build on such a CPU replays and proves that, tritonkit.int8.recipe.load_recipes), else
+    why not. The accuracy gates judged the INT8 graph with its float parts in f32, as served here."""
     from tritonkit.repository import runtime_choice
 
     if not built:
