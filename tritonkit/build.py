@@ -113,7 +113,7 @@ def speed_variants(kind) -> tuple[str, str]:
     """The runtime variants this CPU class serves the FP32 and INT8 models on (models/<name>.runtime.json; ONNX
     Runtime before any choice). A search races INT8 against FP32 as the INT8 name would serve it instead
     (tritonkit.int8.search.fp32_competitor); a replay races what its recipe was searched against. A variant in bf16
-    recorded for the class runs in its own precision where this CPU has no native bf16."""
+    recorded for the class runs as runtime_choice.without_bf16 says where this CPU has no native bf16."""
     from tritonkit.repository import runtime_choice
 
     return tuple(runtime_choice.usable_here(runtime_choice.variant_for(kind, m))

@@ -8,9 +8,9 @@ carries the digest of the recipe that built it (tritonkit.int8.recipe.mark_recip
 - a spec's INT8 model (and its fused model) serves its INT8 file on the class's recorded runtime when that class
   has its own passed recipe, that recipe built the file here, and its own runtime record; where the class's search
   found no INT8 (status fp32-fallback), its FP32 file on the class's recorded runtime;
-- where the recorded runtime computes in bf16 and this CPU has none: the INT8 file on that runtime in its own
-  precision when it is the class's proven file, or the class's candidate for such CPUs built and proven by a build
-  on one (tritonkit.int8.recipe.without_bf16: the accurate candidate that lost its speed race only to FP32 in bf16);
+- where the recorded runtime computes in bf16 and this CPU has none: the INT8 file on ONNX Runtime (the arithmetic
+  its gates judged) when it is the class's proven file, or the class's candidate for such CPUs built and proven by
+  a build on one (tritonkit.int8.recipe.without_bf16: the accurate candidate that lost its race only to bf16);
 - otherwise that model's FP32 file on ONNX Runtime, under the same name, loudly;
 - an FP32 model serves on its class's recorded runtime, else ONNX Runtime. Another class's record is never used.
 
@@ -303,9 +303,9 @@ def record(kinds: list, repository: Path, native=None) -> dict:
 
 def _without_bf16(kind, folder: Path, model: str, role: str, variant: str, native, cpu: str, built: bool) -> dict:
     """A class's option for its CPUs without native bf16, whose INT8 name runs on `variant` in bf16: the INT8 file on
-    that runtime in its own precision, when the file here is the class's proven one or the accurate candidate its
-    search kept (`built`: a build on such a CPU replays and proves that, tritonkit.int8.recipe.load_recipes), else
-    why not. The accuracy gates judged the INT8 graph with its float parts in f32, as served here."""
+    ONNX Runtime (runtime_choice.without_bf16: the arithmetic the accuracy gates judged), when the file here is the
+    class's proven one or the accurate candidate its search kept (`built`: a build on such a CPU replays and proves
+    that, tritonkit.int8.recipe.load_recipes), else why not."""
     from tritonkit.repository import runtime_choice
 
     if not built:
