@@ -75,30 +75,26 @@ NFD_CLASSES = {
 PREFERENCE_PER_MODEL = 20
 
 
-NFD_BF16 = ("AVX512BF16", True)  # what a runtime proven in bf16 needs besides its class (AMX-BF16 CPUs have it too)
-
-
-def node_terms(cpu_class: str, bf16: bool = False) -> list[dict]:
-    """The nodeSelectorTerms that select nodes of `cpu_class` (with native bf16) by their NFD labels."""
+def node_terms(cpu_class: str) -> list[dict]:
+    """The nodeSelectorTerms that select nodes of `cpu_class` by their NFD labels."""
     return [{"matchExpressions": [{"key": NFD_CPUID + flag, "operator": "In", "values": ["true"]} if present
-                                  else {"key": NFD_CPUID + flag, "operator": "DoesNotExist"}
-                                  for flag, present in [*term, *([NFD_BF16] if bf16 else [])]]}
+                                  else {"key": NFD_CPUID + flag, "operator": "DoesNotExist"} for flag, present in term]}
             for term in NFD_CLASSES[cpu_class]]
 
 
 def class_preferences() -> list[dict]:
     """preferredDuringScheduling terms: nodes of each class where specs' INT8 is proven, weighted by how many
-    (tritonkit.repository.replica.int8_classes); one proven on a bf16 runtime counts only on nodes with bf16."""
+    (tritonkit.repository.replica.int8_classes); every node of the class, since one without native bf16 serves INT8
+    proven on a bf16 runtime on ONNX Runtime (tritonkit.repository.runtime_choice.without_bf16)."""
     from tritonkit import kinds
-    from tritonkit.repository import replica, runtime_choice
+    from tritonkit.repository import replica
 
-    proven: dict[tuple[str, bool], int] = {}
+    proven: dict[str, int] = {}
     for name in kinds.names():
-        for cpu, variant in replica.int8_classes(kinds.get(name)).items():
-            key = (cpu, runtime_choice.needs_bf16(variant))
-            proven[key] = proven.get(key, 0) + 1
+        for cpu in replica.int8_classes(kinds.get(name)):
+            proven[cpu] = proven.get(cpu, 0) + 1
     return [{"weight": min(100, PREFERENCE_PER_MODEL * count), "preference": term}
-            for (cpu, bf16), count in sorted(proven.items()) if cpu in NFD_CLASSES for term in node_terms(cpu, bf16)]
+            for cpu, count in sorted(proven.items()) if cpu in NFD_CLASSES for term in node_terms(cpu)]
 
 
 def class_component(cpu_class: str) -> dict:

@@ -368,7 +368,9 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
         digest, source = _digest(path), source_digest(kind, gated, cpu_class)
         if not force and reusable(old, digest, source, served, served_threads(kind, model)):
             records[model] = old
-            log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})")
+            here = usable_here(old["runtime"])
+            log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})"
+                + (f"; on {here} here, a CPU without native bf16" if here != old["runtime"] else ""))
             continue
         log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}")
         records[model] = {**choose_model(kind, model, path, fp32, gated, digest), "source": source}
