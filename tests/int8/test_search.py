@@ -531,11 +531,15 @@ def test_a_candidate_the_speed_gate_alone_rejects_is_kept_with_its_accuracy(tiny
     kept = result.accurate
     assert kept is not None and kept["speed"]["int8_speedup_lo"] == 5e-4
     assert sensitive in kept["recipe"]["float_nodes"] and len(kept["recipe"]["float_nodes"]) < 3
-    assert all(t.met(kept["validation"]) for t in spec.TARGETS), kept["validation"]
+    assert all(t.met(kept["validation"]) and t.met(kept["test"]) for t in spec.TARGETS), kept
     # Its validation numbers are the whole split's, as the search measured them: the same graph scores the same.
     rebuilt = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
     again = rebuilt.val.metrics(rebuilt.build(search.Recipe.from_json(kept["recipe"])))
     assert again == pytest.approx(kept["validation"], abs=1e-6)
+    # One that the held-out test split rejects is not kept (a test-split gate no graph meets).
+    strict = Outrun(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None, min_int8_share=0.0)
+    strict.targets["test"] = [Target("cosine_min", ">=", 1.0 + 1e-9)]
+    assert strict.run().accurate is None
     # A search that is not speed-gated has no such candidate.
     assert search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
                          min_int8_share=0.0).run().accurate is None
