@@ -407,7 +407,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
     # Accuracy is the class's, speed this machine's (two CPUs of one class differ, e.g. with and without AMX): a
     # served recipe that misses only its speed gate here serves FP32, loudly, rather than failing the build.
     slow_here = form == "served" and not any(m.startswith("test: ") for m in miss)
-    # borrowed: no recipe was ever searched for this CPU's kernels; a candidate was never proven on the test split
+    # borrowed: no recipe was ever searched for this CPU's kernels; a candidate: its class served FP32 all along
     if miss and (borrowed or slow_here or candidate):
         tmp.unlink()
         report.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
