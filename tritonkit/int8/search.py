@@ -1178,21 +1178,23 @@ class Search:
         # Measured when it was confirmed on the whole split (the same graph): not again, outside any budget.
         validation = self._split_metrics.get(_key(recipe)) or self.val.metrics(model, exact=self.exact)
         self.log("[search] confirming once on the test split")
-        t1 = time.perf_counter()
-        test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
-        self._took("test", time.perf_counter() - t1)
-        ok_test = passes(self.targets["test"], test)
+        test, ok_test = self._on_test(model)
         reason = "" if ok_test else "test split: " + "; ".join(missed(self.targets["test"], test))
         return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
                             chosen=recipe)
 
+    def _on_test(self, model) -> tuple[dict[str, float], bool]:
+        """A chosen graph on the held-out test split, once (the reserve was kept for it): its metrics, and whether
+        they meet the test split's gates."""
+        t1 = time.perf_counter()
+        test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
+        self._took("test", time.perf_counter() - t1)
+        return test, passes(self.targets["test"], test)
+
     def _held_out(self, r: Recipe, speed: dict[str, float]) -> dict | None:
         """The accurate candidate kept for CPUs that cannot run the FP32 competitor it lost to, once the test split
-        holds it too (as a passing recipe must; the reserve was kept for it), else None. Logged either way."""
-        t1 = time.perf_counter()
-        test = Evaluator(self.spec, self.fp32, "test").metrics(self.build(r), exact=self.exact)
-        self._took("test", time.perf_counter() - t1)
-        held = passes(self.targets["test"], test)
+        holds it too (as a passing recipe must), else None. Logged either way."""
+        test, held = self._on_test(self.build(r))
         self.log(f"  accurate candidate {r.describe()} on the test split: {_summary(self.targets['test'], test)}"
                  + ("" if held else " (missed: not kept)"))
         if not held:

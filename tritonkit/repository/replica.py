@@ -62,14 +62,13 @@ def decide(entry: dict, model: str, cpu_class: str, bf16: bool) -> Decision:
                                 f"{', '.join(sorted(entry['classes'])) or 'none'})"
     if own.get("variant"):
         variant = own["variant"]
-        free = own.get("without_bf16") or {}
-        if own.get("needs_bf16") and not bf16 and free.get("variant"):
-            return Decision(model, role, cpu_class, cpu_class, True, free["variant"],
-                            f"INT8 proven on {cpu_class}, on {free['variant']} ({variant}, recorded for "
-                            f"{cpu_class}, computes in bf16 and this CPU has no native bf16)", True)
         if own.get("needs_bf16") and not bf16:
-            why = f"{variant}, recorded for {cpu_class}, computes in bf16 and this CPU has no native bf16" + \
-                (f"; {free['missing']}" if free.get("missing") else "")
+            why = f"{variant}, recorded for {cpu_class}, computes in bf16 and this CPU has no native bf16"
+            free = own.get("without_bf16") or {}
+            if free.get("variant"):
+                return Decision(model, role, cpu_class, cpu_class, True, free["variant"],
+                                f"INT8 proven on {cpu_class}, on {free['variant']} ({why})", True)
+            why += f"; {free['missing']}" if free.get("missing") else ""
         elif role == "fp32":
             return Decision(model, role, cpu_class, cpu_class, False, variant, f"{variant}, measured on {cpu_class}")
         elif own.get("status") == "passed":
