@@ -55,6 +55,10 @@ def test_a_page_lists_what_the_budget_cut():
     assert "- variant:sample `smooth_alpha=0.5` at 798 s: about 41 s, 12 s left" in page
     assert "- speed `uint8-all-minmax +3 float`: 0 s left" in page
     assert "Cut by the budget" not in pages.render_markdown(_report(search={"seconds": 1.0, "steps": [step]}))
+    # A scan the budget cut before its first unit ranks nothing: no empty ranking line.
+    unranked = {"seconds": 900.0, "steps": [step], "cuts": cuts,
+                "sensitivity": [{"recipe": "int8-all", "seconds": 0.0, "units": [], "unmeasured": ["layer.0"]}]}
+    assert "Most sensitive units" not in pages.render_markdown(_report(search=unranked))
 
 
 def test_the_docs_page_is_brief_and_names_the_recipes_cpu():

@@ -503,6 +503,45 @@ def test_graph_outputs_stay_float_under_all_ops_placement(tmp_path):
     np.testing.assert_allclose(probs, e / e.sum(1, keepdims=True), atol=1e-6)
 
 
+def test_all_ops_placement_quantizes_an_element_wise_constant_as_an_activation(tmp_path):
+    """GELU's constants (0.5, sqrt 2, 1) go through onnxruntime's all-ops placement as activations: uint8 with a
+    zero point. The uint8 form takes them, and still refuses a weighted op's weight that is not symmetric int8
+    (every text encoder's uint8/all start was rejected before)."""
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, numpy_helper
+
+    from tritonkit.errors import QuantizationError
+    from tritonkit.int8 import quantize
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
+    path = tmp_path / "gelu.onnx"
+    torch.onnx.export(net, (torch.zeros(1, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "b"}}, opset_version=17, dynamo=False)
+    x = np.random.default_rng(0).normal(0, 1, (64, 16)).astype(np.float32)
+    recipe = search.Recipe(form="uint8", placement="all").to_quant(("Gemm", "MatMul"))
+    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    model = onnx.load(str(out))
+    inits = {i.name: i for i in model.graph.initializer}
+    consumers = {i: n.op_type for n in model.graph.node for i in n.input}
+    dq_consts = {n.output[0]: inits[n.input[0]] for n in model.graph.node
+                 if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    by_type = {(consumers[o], c.data_type) for o, c in dq_consts.items()}
+    assert ("Mul", TensorProto.UINT8) in by_type and ("Gemm", TensorProto.INT8) in by_type, by_type
+    with torch.no_grad():
+        ref = net(torch.from_numpy(x)).numpy()
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+    assert cos.min() > 0.99, cos.min()
+    # A Gemm's weight made asymmetric uint8 is still refused.
+    weight = next(c for o, c in dq_consts.items() if consumers[o] == "Gemm" and c.data_type == TensorProto.INT8)
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.int16).clip(0, 255)
+                                            .astype(np.uint8), weight.name))
+    with pytest.raises(QuantizationError, match="is not INT8"):
+        check_qdq(model, "uint8", per_channel=True)
+
+
 def test_cpu_int8_classes():
     from tritonkit.envinfo import int8_class
 

@@ -44,9 +44,14 @@ def check_qdq(model, activation_type: str = "int8", per_channel: bool = False) -
     return counts
 
 
+# Ops whose input 1 onnxruntime quantizes as a weight when it is a constant.
+_WEIGHT_SLOT_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
+
+
 def _check_qdq_uint8(model, inits: dict, counts: dict[str, int], per_channel: bool) -> dict[str, int]:
     from onnx import TensorProto, numpy_helper
 
+    weight_reads = {n.input[1] for n in model.graph.node if n.op_type in _WEIGHT_SLOT_OPS and len(n.input) > 1}
     for node in model.graph.node:
         if node.op_type not in counts:
             continue
@@ -55,7 +60,9 @@ def _check_qdq_uint8(model, inits: dict, counts: dict[str, int], per_channel: bo
         if len(node.input) >= 3 and node.input[2] and zp is None:
             raise QuantizationError(f"{node.name}: zero point {node.input[2]} is not a constant")
         const = inits.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-        if const is None:  # an activation
+        # A constant an element-wise op reads (GELU's 0.5, sqrt(2), 1) is quantized as an activation: uint8, any
+        # zero point. Only a weighted op's weight must be the s8 side of onnxruntime's u8s8 kernels.
+        if const is None or (const.data_type == TensorProto.UINT8 and node.output[0] not in weight_reads):
             if zp is not None and zp.data_type != TensorProto.UINT8:
                 raise QuantizationError(f"{node.name}: activation zero point type {zp.data_type} is not UINT8")
             continue

@@ -89,6 +89,8 @@ def render_markdown(report: dict, brief: bool = False) -> str:
             lines += [_wall(w) for w in search["walls"]]
         for sens in search.get("sensitivity") or []:
             top = sens["units"][:8]
+            if not top:  # the budget cut the scan before its first unit
+                continue
             lines += ["", f"Most sensitive units for `{sens['recipe']}` (distortion recovered when left float): "
                       + ", ".join(f"`{u['unit']}` {u['gain']:.3f}" for u in top)]
     return "\n".join(lines) + "\n"
