@@ -122,7 +122,7 @@ def test_the_pass_also_takes_what_smoothquant_reads(tmp_path):
     import onnxruntime as ort
 
     from tritonkit.int8 import transforms
-    from tritonkit.int8.search import smoothable_tensors
+    from tritonkit.int8.transforms import smoothable_tensors
 
     torch.manual_seed(0)
     path = tmp_path / "encoder.onnx"
@@ -151,3 +151,40 @@ def test_the_pass_also_takes_what_smoothquant_reads(tmp_path):
     out, scales = transforms.smooth(path, tmp_path / "smoothed.onnx", {"MatMul"}, no_data, 0.5,
                                     absmax=stats.channel_absmax)
     assert set(scales) == set(names) and out.exists()
+
+
+def test_a_smoothed_graphs_ranges_come_from_its_twins_pass(tmp_path):
+    """SmoothQuant's Mul(X, 1/s) scales each channel by a positive constant: the smoothed tensor's min and max are
+    its channels' times 1/s, bit for bit, and every other tensor is the same function. One pass of the unsmoothed
+    graph gives the smoothed graph's ranges (its own pass costs 150 s on all-mpnet-base-v2)."""
+    from tritonkit.int8 import transforms
+    from tritonkit.int8.transforms import smoothable_tensors, smoothed_name
+
+    torch.manual_seed(0)
+    path = tmp_path / "encoder.onnx"
+    torch.onnx.export(Encoder().eval(), (torch.zeros(2, 5, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}}, opset_version=17, dynamo=False)
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((2, 5, 16)) * np.linspace(0.1, 9, 16) + 0.5).astype(np.float32) for _ in range(5)]
+
+    def batches():
+        return ({"x": d} for d in data)
+
+    twin = calibration.collect(path, batches, tmp_path, ("minmax",), progress=False, channels=smoothable_tensors(path))
+    smoothed, scales = transforms.smooth(path, tmp_path / "smoothed.onnx", {"MatMul"}, batches, 0.8,
+                                         absmax=twin.channel_absmax)
+    (tmp_path / "own").mkdir()
+    own = calibration.collect(smoothed, batches, tmp_path / "own", ("minmax",), progress=False)
+    for options in ({}, {"CalibMovingAverage": True}):
+        derived, fresh = twin.smoothed(scales).ranges("minmax", options), own.ranges("minmax", options)
+        assert set(derived) == set(fresh)
+        for name in fresh:
+            got, want = (np.asarray(r[name].range_value) for r in (derived, fresh))
+            if name in {smoothed_name(t) for t in scales}:
+                assert np.array_equal(got, want), (name, got, want)  # the smoothed tensors: exact
+            else:
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+    # Not a copy of the unsmoothed ranges: smoothing moved them.
+    name = smoothed_name(next(iter(scales)))
+    assert not np.allclose(np.asarray(own.ranges("minmax")[name].range_value),
+                           np.asarray(twin.ranges("minmax")[next(iter(scales))].range_value))

@@ -194,13 +194,24 @@ def test_requantizing_a_prepared_graph_reuses_its_scales_and_builds_the_same_gra
     assert len(params) >= 3, "the three Gemm weights' scales were not kept"
 
 
-def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stays_float(tmp_path):
+def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stays_float(tmp_path, monkeypatch):
     """The search prepares (merges Q/K/V, smooths) with no node excluded and keeps its float nodes out of
-    quantization only, so a float node can be a merged MatMul that the FP32 graph does not have."""
+    quantization only, so a float node can be a merged MatMul that the FP32 graph does not have. Both take a
+    SmoothQuant graph's ranges from one pass of the graph before smoothing."""
     import onnxruntime as ort
     import torch
 
+    from tritonkit.int8 import calibration
     from tritonkit.int8.quantize import quantize
+
+    passes: list[Path] = []
+    original = calibration.collect
+
+    def counting(graph, *args, **kwargs):
+        passes.append(Path(graph))
+        return original(graph, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "collect", counting)
 
     class Attention(torch.nn.Module):
         def __init__(self):
@@ -236,12 +247,18 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     assert len(merged) == 1, "Q/K/V were not merged"
     recipe = replace(start, float_nodes=merged)
     measured = s.build(recipe)
+    assert len(passes) == 1 and "smoothed" not in passes[0].name, passes  # the unsmoothed graph's pass only
     replayed = quantize(path, tmp_path / "q.onnx", recipe.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
                         spec.calibration_batch_count(), progress=False)
     x = {"x": data[:8]}
     run = [ort.InferenceSession(m.SerializeToString() if hasattr(m, "SerializeToString") else str(m),
                                 providers=["CPUExecutionProvider"]).run(None, x)[0] for m in (measured, replayed)]
     np.testing.assert_array_equal(run[0], run[1])
+    # The same scales and zero points, bit for bit (outputs alone can round alike from ranges a bit apart).
+    inits = [{i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+             for m in (measured, onnx.load(str(replayed)))]
+    assert inits[0].keys() == inits[1].keys()
+    assert all(np.array_equal(inits[0][k], inits[1][k]) for k in inits[0])
 
 
 class _CountedSearch(search.Search):

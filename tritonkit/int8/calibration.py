@@ -49,8 +49,30 @@ class Statistics:
     maxima: dict[str, list[np.ndarray]] = field(default_factory=dict)
     histograms: dict[str, object] = field(default_factory=dict)  # method -> onnxruntime HistogramCollector
     channel_absmax: dict[str, np.ndarray] = field(default_factory=dict)  # tensor -> per-channel max |x| (SmoothQuant)
+    # tensor -> each batch's per-channel min and max (last axis): a SmoothQuant variant's ranges (Statistics.smoothed)
+    channel_minima: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    channel_maxima: dict[str, list[np.ndarray]] = field(default_factory=dict)
     batches: int = 0
     run_s: float = 0.0  # of the pass, the graph runs alone (a plain forward pass costs about this)
+
+    def smoothed(self, scales: dict[str, np.ndarray]) -> Statistics:
+        """The statistics of this graph smoothed with `scales` (tritonkit.int8.transforms.smooth: X * (1/s) feeds
+        the MatMuls that read X), without a pass: each batch's min and max of a smoothed tensor are those of its
+        channels times 1/s, bit for bit (float rounding is monotonic); every other tensor keeps its statistics
+        (the MatMuls' outputs differ from the unsmoothed graph's in their last bits only). Min/max only: histograms
+        are not carried over."""
+        from tritonkit.int8.transforms import smoothed_name
+
+        missing = sorted(set(scales) - set(self.channel_minima))
+        if missing:
+            raise QuantizationError(f"no per-channel statistics for the smoothed tensors {missing[:3]}: calibrate "
+                                    "the smoothed graph")
+        minima, maxima = dict(self.minima), dict(self.maxima)
+        for name, s in scales.items():
+            inv = (1.0 / np.asarray(s, np.float32)).astype(np.float32)  # the graph's own initializer
+            minima[smoothed_name(name)] = [np.array([np.min(lo * inv)], np.float32) for lo in self.channel_minima[name]]
+            maxima[smoothed_name(name)] = [np.array([np.max(hi * inv)], np.float32) for hi in self.channel_maxima[name]]
+        return Statistics(minima, maxima, batches=self.batches)
 
     def ranges(self, method: str, extra_options: dict | None = None):
         """onnxruntime TensorsData of `method` ("minmax", "percentile", "entropy", "distribution")."""
@@ -132,6 +154,9 @@ def collect(graph_path: Path, batches: Callable[[], Iterable[Feeds]], workdir: P
         for name, i in channel_at.items():
             seen = stats.channel_absmax.get(name)
             stats.channel_absmax[name] = channel_absmax([got[i]] if seen is None else [got[i], seen[None]])
+            flat = got[i].reshape(-1, got[i].shape[-1])
+            stats.channel_minima.setdefault(name, []).append(flat.min(0))
+            stats.channel_maxima.setdefault(name, []).append(flat.max(0))
         if not histograms:
             # Copies: onnxruntime's outputs can be views of its arena, and one kept view keeps the whole arena (GBs
             # for a text encoder's shapes) alive for as long as the statistics are.
@@ -178,6 +203,14 @@ def _limited(it: Iterable[Feeds], n: int | None) -> Iterator[Feeds]:
         if n is not None and i >= n:
             return
         yield feeds
+
+
+def smoothed_from_twin(recipe: QuantRecipe) -> bool:
+    """Whether `recipe`'s ranges come from its unsmoothed twin's pass (Statistics.smoothed) rather than a pass of
+    their own: SmoothQuant applied to the graph the twin calibrates (no weight rounding or bias correction before
+    it) with min/max ranges. The search and a replay that calibrates both follow it, so they build the same bytes."""
+    return recipe.smooth_alpha is not None and recipe.weight_rounding == "nearest" and not recipe.bias_correction \
+        and recipe.calibrate_method == "minmax"
 
 
 def calibrate(

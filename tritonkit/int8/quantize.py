@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tritonkit.errors import QuantizationError
-from tritonkit.int8.calibration import all_op_types, base_ranges, with_isolated_copies
+from tritonkit.int8.calibration import all_op_types, base_ranges, collect, smoothed_from_twin, with_isolated_copies
 from tritonkit.int8.checks import check_qdq
 from tritonkit.int8.params import QuantParams
 from tritonkit.int8.settings import ACTIVATION_TYPES, QuantRecipe, resolve_excluded
 from tritonkit.int8.tensors import Feeds
-from tritonkit.int8.transforms import Prepared, prepare
+from tritonkit.int8.transforms import Prepared, prepare, smoothable_tensors
 
 # Rules that make the Q/DQ graph TensorRT-compilable; a recipe's extra_options cannot override them.
 # Biases stay float: TensorRT has no INT32 DequantizeLinear, it folds float biases into its INT8 kernels.
@@ -206,9 +206,30 @@ def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, 
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-quant-") as tmp:
-        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches, given)
-        ranges = given.tensors_data() if given is not None else \
-            base_ranges(prepared, recipe, batches, Path(tmp), total_batches, progress)
+        twin = None
+        if given is None and smoothed_from_twin(recipe):
+            twin = _unsmoothed_statistics(model_path, recipe, batches, Path(tmp) / "twin", total_batches, progress)
+        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches, given,
+                           absmax=None if twin is None else twin.channel_absmax)
+        if given is not None:
+            ranges = given.tensors_data()
+        elif twin is not None:
+            ranges = twin.smoothed(prepared.smooth_scales).ranges(recipe.calibrate_method, recipe.extra_options)
+        else:
+            ranges = base_ranges(prepared, recipe, batches, Path(tmp), total_batches, progress)
         onnx.save(quantize_prepared(prepared, with_isolated_copies(ranges, prepared), recipe), str(out_path))
         return params.capture(prepared, ranges, recipe.calibrate_method, source or params.file_digest(model_path),
                               recipe_digest, origin)
+
+
+def _unsmoothed_statistics(model_path: Path, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]],
+                           workdir: Path, total_batches: int | None, progress: bool):
+    """One pass of `recipe`'s graph before SmoothQuant: what smoothing reads and, smoothed, the recipe's ranges
+    (calibration.smoothed_from_twin; a search computes them so)."""
+    from dataclasses import replace
+
+    workdir.mkdir()
+    twin = prepare(model_path, replace(recipe, smooth_alpha=None), batches, workdir, total_batches)
+    graph = twin.base or twin.path
+    return collect(graph, batches, workdir, ("minmax",), recipe.calibration_batches or total_batches, progress,
+                   desc=f"calibrate {recipe.name}", channels=smoothable_tensors(graph))

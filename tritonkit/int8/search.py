@@ -35,6 +35,7 @@ from tritonkit.errors import SearchError
 from tritonkit.int8.checks import int8_share
 from tritonkit.int8.evaluate import reference, run_batches, session
 from tritonkit.int8.settings import QuantRecipe
+from tritonkit.int8.transforms import smoothable_tensors
 from tritonkit.kinds.gates import Target, missed
 from tritonkit.serving.runtimes import DEFAULT, open_variant
 
@@ -331,16 +332,6 @@ def _timed(spec: SearchSpec, sessions: dict, batches: Sequence[int], repeats: in
 
 # -- units ---------------------------------------------------------------------------------------------------
 
-def smoothable_tensors(model_path: Path) -> list[str]:
-    """The activations SmoothQuant would scale in this graph (tritonkit.int8.transforms.smoothable)."""
-    import onnx
-
-    from tritonkit.int8.transforms import smoothable
-
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-    return list(smoothable(graph, {i.name: i for i in graph.initializer}, {"MatMul"}))
-
-
 def quantizable_nodes(model_path: Path, weight_ops: Sequence[str]) -> list[str]:
     """Nodes of the INT8 op types (MatMul, Conv, Gemm): with constant weights, or two activations (attention)."""
     import onnx
@@ -527,15 +518,24 @@ class Search:
         return prepared.base or prepared.path
 
     def _calibrate(self, r: Recipe):
-        from tritonkit.int8.calibration import collect, with_isolated_copies
+        from tritonkit.int8.calibration import collect, smoothed_from_twin, with_isolated_copies
 
         prepared = self._prepare(r)
         graph = prepared.base or prepared.path
         # Keyed by the calibrated graph's content: placements whose graphs differ only by input isolation share it.
-        # One pass collects every applicable method's statistics; each method's ranges are computed from them.
         digest = self._digest(graph)
+        key = (digest, r.calibrate_method, json.dumps(r.extra_options))
+        if key in self.ws.ranges:
+            return with_isolated_copies(self.ws.ranges[key], prepared)
+        if smoothed_from_twin(r.to_quant(self.spec.WEIGHT_OPS)):
+            # SmoothQuant on the graph its twin calibrated (_prepare did): that pass gives these ranges, as a replay
+            # computes them (tritonkit.int8.quantize).
+            twin = self.ws.stats[self._digest(self._graph(replace(r, smooth_alpha=None)))]
+            self.ws.ranges[key] = twin.smoothed(prepared.smooth_scales).ranges(r.calibrate_method, r.extra_options)
+            return with_isolated_copies(self.ws.ranges[key], prepared)
+        # One pass collects every applicable method's statistics; each method's ranges are computed from them.
         if digest not in self.ws.stats:
-            # An unsmoothed graph's pass also takes what SmoothQuant variants read (per-channel max |x|).
+            # An unsmoothed graph's pass also takes what SmoothQuant variants read (per-channel max |x|, min, max).
             channels = [] if r.smooth_alpha is not None or "MatMul" not in self.spec.WEIGHT_OPS else \
                 list(smoothable_tensors(graph))
             t0 = time.perf_counter()
@@ -549,9 +549,7 @@ class Search:
             self._took("calibrate", took)
             self._took("forward", self.ws.stats[digest].run_s)
             self._setup_s += took
-        key = (digest, r.calibrate_method, json.dumps(r.extra_options))
-        if key not in self.ws.ranges:
-            self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)
+        self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)
         return with_isolated_copies(self.ws.ranges[key], prepared)
 
     def quant_params(self, r: Recipe, recipe_digest: str, origin: str = ""):
@@ -720,12 +718,17 @@ class Search:
         if key in self.ws.prepared:
             prepared = self.ws.prepared[key]
             return step + (0.0 if self._digest(prepared.base or prepared.path) in self.ws.stats else calibrate)
+        from tritonkit.int8 import calibration
         from tritonkit.int8.rounding import STAGES
 
         # Placements differ by input isolation only: without data-driven weight changes they calibrate one graph.
         sibling = [v for k, v in self.ws.prepared.items() if k[1:] == key[1:]]
         shared = r.weight_rounding == "nearest" and not r.bias_correction and \
             any(self._digest(v.base or v.path) in self.ws.stats for v in sibling)
+        # A SmoothQuant variant's ranges come from its twin's pass, once that ran (Search._calibrate).
+        twins = [v for k, v in self.ws.prepared.items() if k[1:] == (None, False, "nearest")]
+        shared = shared or (calibration.smoothed_from_twin(r.to_quant(self.spec.WEIGHT_OPS)) and \
+            any(self._digest(v.base or v.path) in self.ws.stats for v in twins))
         # GPTQ and bias correction read the data in plain forward passes (GPTQ one per chunk of layers).
         forwards = (STAGES if r.weight_rounding == "gptq" else 0) + (1 if r.bias_correction else 0)
         return step + (0.0 if shared else calibrate) + forwards * (self.estimate("forward") or calibrate)

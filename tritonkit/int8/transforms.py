@@ -133,7 +133,7 @@ def smooth(
         for n in nodes:
             w = numpy_helper.to_array(inits[n.input[1]]) * s[:, None]
             inits[n.input[1]].CopyFrom(numpy_helper.from_array(w.astype(np.float32), n.input[1]))
-        scale_name, smoothed = f"{name}_smooth_scale", f"{name}_smoothed"
+        scale_name, smoothed = f"{name}_smooth_scale", smoothed_name(name)
         graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), scale_name))
         new_nodes.append((name, helper.make_node("Mul", [name, scale_name], [smoothed], name=f"{name}_smooth")))
         for n in nodes:
@@ -141,6 +141,19 @@ def smooth(
     _insert_after_producers(graph, new_nodes)
     onnx.save(model, str(out_path))
     return out_path, used
+
+
+def smoothed_name(tensor: str) -> str:
+    """The tensor SmoothQuant's Mul(X, 1/s) writes for X, which the smoothed MatMuls read."""
+    return f"{tensor}_smoothed"
+
+
+def smoothable_tensors(model_path: Path) -> list[str]:
+    """The activations SmoothQuant would scale in this graph (`smoothable`)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return list(smoothable(graph, {i.name: i for i in graph.initializer}, {"MatMul"}))
 
 
 def smoothable(graph, inits: dict, op_types: set[str]) -> dict[str, list]:
