@@ -900,6 +900,35 @@ def test_the_kinds_prior_is_tried_first(tiny):
     assert [n for n, _ in plain.variants(tracks[0])][1] == "as started + calibrate=percentile"
 
 
+def test_a_further_start_must_leave_the_first_track_its_time(tiny):
+    """Starts after the first are options: one runs only where what is left, less the reserve, also holds the rest
+    of the first track (a variant, the resample, the scan, a fallback). all-mpnet-base-v2's 15-minute search spent
+    its budget on four starts and searched no track."""
+    path, _ = tiny
+    spec = TinySpec()
+    spec.SEARCH_PRIOR = {"form": "uint8", "placement": "inputs"}
+    spec.SPEED_TARGET = Target("int8_speedup", ">=", 0.01)  # no start dropped for speed: each gives a track
+    hour = 3600.0
+
+    class Track(search.Search):
+        rest = 0.0
+
+        def _after_start(self, first):
+            real = super()._after_start(first)
+            # At least the scan: every unit and the unperturbed graph once, at a start's sample time.
+            assert real >= (len(self.units(first)) + 1) * self.estimate("start:sample") > 0
+            return self.rest
+
+    for rest, measured in ((0.0, 4), (hour, 1)):
+        s = Track(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None,
+                  budget_s=hour)
+        s.rest = rest
+        s._deadline = s._t0 + hour
+        s.start()
+        assert s.steps[0].change == "form=uint8 placement=inputs" and len(s.steps) == measured, s.steps
+        assert [c["stage"] for c in s.cuts] == ["start:sample"] * (4 - measured), s.cuts
+
+
 @pytest.mark.parametrize("flag,budget", [([], 15 * 60), (["--budget-minutes", "5"], 300),
                                          (["--budget-minutes", "0"], None)])
 def test_a_search_is_capped_at_fifteen_minutes_unless_told(flag, budget):

@@ -777,6 +777,13 @@ class Search:
         """Seconds one fallback over `ranked` units takes: what the sensitivity scan leaves when it ranks them."""
         return self._fallback_steps(ranked) * (self.estimate("fallback:sample") or 0.0)
 
+    def _after_start(self, first: Recipe) -> float:
+        """Seconds the first track takes after its start: a knob variant, the resample, the scan of its units and
+        one fallback, each candidate at a start's sample time (the resample at its own estimate)."""
+        units = len(self.units(first))
+        sample = self.estimate("start:sample") or 0.0
+        return (2 + units + self._fallback_steps(units)) * sample + (self.estimate("resample") or 0.0)
+
     def _after_variants(self) -> float:
         """Seconds the rest of a track takes after its knob variants: the resample, the whole scan, one fallback:
         what a further variant must leave (the prior's need not: it is the likeliest to pass)."""
@@ -809,9 +816,12 @@ class Search:
         for r in starts:
             form, placement = r.form, r.placement
             # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
-            # Starts run until one gives a track, whatever the budget: a search reports at least that.
+            # Starts run until one gives a track, whatever the budget: a search reports at least that. A further
+            # start is an option that must leave the first track its time (on a large encoder the prior's track
+            # tells more than three more starts).
             step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
-                                evaluator=self.sample, must=not tracks)
+                                evaluator=self.sample, must=not tracks,
+                                ahead=self._after_start(tracks[0].recipe) if tracks else None)
             if step is None:
                 continue
             if step.speedup is not None and (self._fastest is None or step.speedup > self._fastest[1]):
