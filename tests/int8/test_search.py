@@ -248,6 +248,9 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     recipe = replace(start, float_nodes=merged)
     measured = s.build(recipe)
     assert len(passes) == 1 and "smoothed" not in passes[0].name, passes  # the unsmoothed graph's pass only
+    # ... and the budget knows it: a further candidate on it is estimated without a pass.
+    s._durations = {"fallback:sample": [1.0], "calibrate": [100.0]}
+    assert s._step_estimate("fallback:sample", replace(recipe, float_nodes=[])) == 1.0
     replayed = quantize(path, tmp_path / "q.onnx", recipe.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
                         spec.calibration_batch_count(), progress=False)
     x = {"x": data[:8]}
@@ -927,6 +930,17 @@ def test_a_further_start_must_leave_the_first_track_its_time(tiny):
         s.start()
         assert s.steps[0].change == "form=uint8 placement=inputs" and len(s.steps) == measured, s.steps
         assert [c["stage"] for c in s.cuts] == ["start:sample"] * (4 - measured), s.cuts
+    # A first track already under the speed gate leaves nothing to protect: every start is measured, and a speed
+    # ceiling then speaks for every form.
+    spec.SPEED_TARGET = Target("int8_speedup", ">=", 1000.0)
+
+    class Slow(Track):
+        early_speed = 0.0  # none dropped: each start under the gate still gives a (slow) track
+
+    s = Slow(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None, budget_s=hour)
+    s.rest, s._deadline = hour, s._t0 + hour
+    s.start()
+    assert len(s.steps) == 4 and not s.cuts, (s.steps, s.cuts)
 
 
 @pytest.mark.parametrize("flag,budget", [([], 15 * 60), (["--budget-minutes", "5"], 300),

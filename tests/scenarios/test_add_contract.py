@@ -104,7 +104,7 @@ def test_the_encoders_searched_int8_met_its_gates_and_is_served(tree):
         # FP32 in bf16 outran INT8: its accurate candidates, or even every unit in INT8 (the speed ceiling).
         why = entry["reason"]
         assert f"against FP32 on {BF16_COMPETITOR}" in why, why
-        assert "met the accuracy gates" in why or why.startswith("no recipe can meet the speed gate"), why
+        assert "met the accuracy gates" in why or "can meet the speed gate: the fastest start" in why, why
         return
     assert (report["status"], report["served"]) == ("passed", "int8"), (report.get("reason"), report.get("missed"))
 

@@ -717,7 +717,11 @@ class Search:
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key in self.ws.prepared:
             prepared = self.ws.prepared[key]
-            return step + (0.0 if self._digest(prepared.base or prepared.path) in self.ws.stats else calibrate)
+            digest = self._digest(prepared.base or prepared.path)
+            # Calibrated, or its ranges taken from its twin's pass (a SmoothQuant graph's): no pass to pay.
+            ranges = (digest, r.calibrate_method, json.dumps(r.extra_options))
+            done = digest in self.ws.stats or ranges in self.ws.ranges
+            return step + (0.0 if done else calibrate)
         from tritonkit.int8 import calibration
         from tritonkit.int8.rounding import STAGES
 
@@ -817,11 +821,12 @@ class Search:
             form, placement = r.form, r.placement
             # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
             # Starts run until one gives a track, whatever the budget: a search reports at least that. A further
-            # start is an option that must leave the first track its time (on a large encoder the prior's track
-            # tells more than three more starts).
+            # start is an option that must leave the first track its time where that track can meet the speed
+            # gate (on a large encoder the prior's track tells more than three more starts).
+            viable = tracks and not slow[tracks[0].recipe.describe()]
             step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
                                 evaluator=self.sample, must=not tracks,
-                                ahead=self._after_start(tracks[0].recipe) if tracks else None)
+                                ahead=self._after_start(tracks[0].recipe) if viable else None)
             if step is None:
                 continue
             if step.speedup is not None and (self._fastest is None or step.speedup > self._fastest[1]):
@@ -859,7 +864,9 @@ class Search:
         if not under:
             return None
         b = under[0]
-        return (f"no recipe can meet the speed gate: the fastest start, {r.describe()} with every unit INT8, runs "
+        cut = sum(c["stage"] == "start:sample" for c in self.cuts)  # a faster form may be among them
+        which = f"no recipe of the starts measured ({cut} cut by the budget)" if cut else "no recipe"
+        return (f"{which} can meet the speed gate: the fastest start, {r.describe()} with every unit INT8, runs "
                 f"{_speed(speed)} against FP32 on {self.speed_variants[0]}; at batch {b} its 95 % interval tops out "
                 f"at {speed[f'speedup_hi_batch{b}']:.2f}x, under the {gate}x gate, and units put back in float only "
                 "slow a graph down"), speed
