@@ -2,7 +2,8 @@
 
 One pass over the calibration batches per graph collects what every calibration method needs of every tensor
 (`Statistics`: each batch's min and max, and the histograms of onnxruntime's percentile and entropy collectors);
-each method's ranges are then computed from it in memory (`Statistics.ranges`). onnxruntime's calibrators run the
+each method's ranges are then computed from it in memory (`Statistics.ranges`); a SmoothQuant graph's min/max
+ranges come from the pass of the graph before smoothing (`Statistics.smoothed`). onnxruntime's calibrators run the
 graph once per method; a search that tries three methods on a graph calibrates it once. The tensors, the graph's
 arithmetic (unoptimised, as onnxruntime's calibrators run it), the histogram bookkeeping (onnxruntime's own
 HistogramCollector, fed the same chunks) and so the ranges are onnxruntime's: tests/int8/test_calibration.py
