@@ -206,12 +206,17 @@ def _limited(it: Iterable[Feeds], n: int | None) -> Iterator[Feeds]:
         yield feeds
 
 
-def smoothed_from_twin(recipe: QuantRecipe) -> bool:
+def smooths_twins_graph(recipe) -> bool:
+    """Whether SmoothQuant of `recipe` (a QuantRecipe or a search's Recipe) reads the graph its unsmoothed twin
+    calibrates: no weight rounding or bias correction runs before it."""
+    return recipe.smooth_alpha is not None and recipe.weight_rounding == "nearest" and not recipe.bias_correction
+
+
+def smoothed_from_twin(recipe) -> bool:
     """Whether `recipe`'s ranges come from its unsmoothed twin's pass (Statistics.smoothed) rather than a pass of
-    their own: SmoothQuant applied to the graph the twin calibrates (no weight rounding or bias correction before
-    it) with min/max ranges. The search and a replay that calibrates both follow it, so they build the same bytes."""
-    return recipe.smooth_alpha is not None and recipe.weight_rounding == "nearest" and not recipe.bias_correction \
-        and recipe.calibrate_method == "minmax"
+    their own: it smooths its twin's graph (smooths_twins_graph) and takes min/max ranges. The search and a replay
+    that calibrates both follow it, so they build the same bytes."""
+    return smooths_twins_graph(recipe) and recipe.calibrate_method == "minmax"
 
 
 def calibrate(

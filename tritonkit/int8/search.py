@@ -491,12 +491,13 @@ class Search:
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def _prepare(self, r: Recipe):
+        from tritonkit.int8.calibration import smooths_twins_graph
         from tritonkit.int8.transforms import prepare
 
         key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
         if key not in self.ws.prepared:
             absmax = None
-            if self._smooths_calibrated_graph(r):  # its activations' maxima came with the unsmoothed calibration
+            if smooths_twins_graph(r):  # its activations' maxima came with the unsmoothed calibration
                 twin = replace(r, smooth_alpha=None)
                 self._calibrate(twin)
                 absmax = self.ws.stats[self._digest(self._graph(twin))].channel_absmax
@@ -508,10 +509,6 @@ class Search:
                                           absmax=absmax)
             self._setup_s += time.perf_counter() - t0
         return self.ws.prepared[key]
-
-    def _smooths_calibrated_graph(self, r: Recipe) -> bool:
-        """Whether SmoothQuant of `r` reads the graph its unsmoothed twin calibrates (no transform runs between)."""
-        return r.smooth_alpha is not None and r.weight_rounding == "nearest" and not r.bias_correction
 
     def _graph(self, r: Recipe) -> Path:
         prepared = self._prepare(r)
@@ -527,7 +524,7 @@ class Search:
         key = (digest, r.calibrate_method, json.dumps(r.extra_options))
         if key in self.ws.ranges:
             return with_isolated_copies(self.ws.ranges[key], prepared)
-        if smoothed_from_twin(r.to_quant(self.spec.WEIGHT_OPS)):
+        if smoothed_from_twin(r):
             # SmoothQuant on the graph its twin calibrated (_prepare did): that pass gives these ranges, as a replay
             # computes them (tritonkit.int8.quantize).
             twin = self.ws.stats[self._digest(self._graph(replace(r, smooth_alpha=None)))]
@@ -725,14 +722,14 @@ class Search:
         from tritonkit.int8 import calibration
         from tritonkit.int8.rounding import STAGES
 
-        # Placements differ by input isolation only: without data-driven weight changes they calibrate one graph.
-        sibling = [v for k, v in self.ws.prepared.items() if k[1:] == key[1:]]
-        shared = r.weight_rounding == "nearest" and not r.bias_correction and \
-            any(self._digest(v.base or v.path) in self.ws.stats for v in sibling)
-        # A SmoothQuant variant's ranges come from its twin's pass, once that ran (Search._calibrate).
-        twins = [v for k, v in self.ws.prepared.items() if k[1:] == (None, False, "nearest")]
-        shared = shared or (calibration.smoothed_from_twin(r.to_quant(self.spec.WEIGHT_OPS)) and \
-            any(self._digest(v.base or v.path) in self.ws.stats for v in twins))
+        def calibrated(smooth_alpha) -> bool:  # a graph of any placement with these transforms has had its pass
+            return any(self._digest(v.base or v.path) in self.ws.stats for k, v in self.ws.prepared.items()
+                       if k[1:] == (smooth_alpha, *key[2:]))
+
+        # Placements differ by input isolation only: without data-driven weight changes they calibrate one graph;
+        # a SmoothQuant variant's ranges come from its twin's pass, once that ran (Search._calibrate).
+        shared = (r.weight_rounding == "nearest" and not r.bias_correction and calibrated(r.smooth_alpha)) or \
+            (calibration.smoothed_from_twin(r) and calibrated(None))
         # GPTQ and bias correction read the data in plain forward passes (GPTQ one per chunk of layers).
         forwards = (STAGES if r.weight_rounding == "gptq" else 0) + (1 if r.bias_correction else 0)
         return step + (0.0 if shared else calibrate) + forwards * (self.estimate("forward") or calibrate)
