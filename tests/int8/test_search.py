@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from tests.support.tiny_search import TinySpec, export_tiny
-from tritonkit.int8 import evaluate, search
+from tritonkit.int8 import evaluate, pages, search
 from tritonkit.int8.checks import check_qdq
 from tritonkit.kinds.gates import Target
 
@@ -741,6 +741,40 @@ def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
     np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
 
 
+def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_int8_exactly(monkeypatch):
+    """TensorRT sums int8 products exactly in int32. Where onnxruntime's fused kernels do too (VNNI), its
+    candidates are judged on them (about twice as fast as the unfused graph); elsewhere on the unfused graph. On a
+    VNNI CPU the fused kernels must then give the true sums of the form's int8 activations at both extremes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tritonkit import envinfo
+    from tritonkit.int8.recipe import exact_judgement
+
+    for cpu, exact in (("vnni", False), ("avx512", True), ("avx2", True), ("generic", True)):
+        monkeypatch.setenv(envinfo.CLASS_ENV, cpu)
+        assert exact_judgement("tensorrt") is exact and exact_judgement("served") is exact, cpu
+    monkeypatch.delenv(envinfo.CLASS_ENV)
+    if not envinfo.int8_sums_exact():
+        pytest.skip(f"this CPU is INT8 class {envinfo.int8_class()}: its fused kernels are not the judgement")
+    k, rng = 3072, np.random.default_rng(0)
+    weight = np.concatenate([np.full((k, 2), 127, np.int8), np.full((k, 2), -127, np.int8),
+                             rng.integers(-127, 128, (k, 12)).astype(np.int8)], axis=1)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "xs"),
+             numpy_helper.from_array(np.array(0, np.int8), "xz"),  # symmetric int8 activations: TensorRT's form
+             numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "ws")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    x = np.stack([np.full(k, 127.0), np.full(k, -128.0), *rng.integers(-128, 128, (2, k))]).astype(np.float32)
+    got = evaluate.session(model, exact=exact_judgement("tensorrt")).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got.astype(np.int64), x.astype(np.int64) @ weight.astype(np.int64))
+
+
 def test_the_speed_interval_separates_a_clear_gain_and_straddles_a_tie():
     from tritonkit.int8.search import ratio_interval
 
@@ -941,6 +975,31 @@ def test_a_further_start_must_leave_the_first_track_its_time(tiny):
     s.rest, s._deadline = hour, s._t0 + hour
     s.start()
     assert len(s.steps) == 4 and not s.cuts, (s.steps, s.cuts)
+
+
+def test_a_start_too_slow_to_keep_is_dropped_before_its_accuracy_is_scored(tiny, monkeypatch):
+    """A start is timed first: one under the early speed bound is dropped without an evaluation (10-25 s each on the
+    new-model fixture); the fastest is still remembered for the speed ceiling. Fast enough, each is scored."""
+    path, _ = tiny
+    scored = []
+    real = search.Evaluator.metrics
+    monkeypatch.setattr(search.Evaluator, "metrics", lambda self, *a, **k: scored.append(1) or real(self, *a, **k))
+    spec = TinySpec()
+    for gate, evaluations in ((1000.0, 0), (0.01, 4)):
+        spec.SPEED_TARGET = Target("int8_speedup", ">=", gate)
+        scored.clear()
+        s = search.Search(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None)
+        tracks = s.start()
+        assert len(s.steps) == 4 and len(scored) == evaluations, (gate, s.steps)
+        assert all(bool(st.metrics) == bool(evaluations) and st.speedup for st in s.steps)
+        assert s._fastest is not None and len(tracks) == min(evaluations, s.max_tracks)
+    spec.SPEED_TARGET = Target("int8_speedup", ">=", 1000.0)
+    result = search.Search(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
+                           log=lambda _m: None).run()
+    assert result.reason.startswith("no recipe can meet the speed gate"), result.reason
+    page = pages.render_markdown({"model": "tiny", "form": "served", "status": "fp32-fallback", "served": "fp32",
+                                  "created": "today", "search": result.to_json()})
+    assert page.count("| not scored |") == 4, page
 
 
 @pytest.mark.parametrize("flag,budget", [([], 15 * 60), (["--budget-minutes", "5"], 300),

@@ -75,7 +75,10 @@ def render_markdown(report: dict, brief: bool = False) -> str:
         lines += ["", f"## Search ({search.get('seconds')} s on the validation split)", "",
                   "| stage | change | recipe | distortion | passed | speed-up |", "|---|---|---|---|---|---|"]
         for s in search["steps"]:
-            lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {s['distortion']:.3f} | "
+            # A graph the form rejected, or a start too slow to score (its speed-up is there), has no distortion.
+            scored = f"{s['distortion']:.3f}" if s["distortion"] != float("inf") else "rejected" \
+                if s.get("speedup") is None else "not scored"
+            lines.append(f"| {s['stage']} | {s['change']} | {s['recipe']} | {scored} | "
                          f"{'yes' if s['passed'] else 'no'} | {_f(s.get('speedup'))} |")
         lines += ["", "Time by stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())]
         if search.get("cuts"):

@@ -595,10 +595,12 @@ class Search:
         return self._sample
 
     def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
-                evaluator: Evaluator | None = None, must: bool = False, ahead: float | None = None) -> Step | None:
+                evaluator: Evaluator | None = None, must: bool = False, ahead: float | None = None,
+                drop_under: float | None = None) -> Step | None:
         """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph or
         the budget does not start it. `must`: run whatever the budget (a search's first start); `ahead`: an
-        optional step, skipped alone unless it leaves that many seconds (Search.fits)."""
+        optional step, skipped alone unless it leaves that many seconds (Search.fits); `drop_under`: timed first,
+        a candidate under that speed-up is not scored (its step has no metrics)."""
         from tritonkit.errors import QuantizationError
 
         kind = f"{stage}:{'sample' if evaluator is not None else 'split'}"
@@ -614,13 +616,20 @@ class Search:
             self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
                                    round(time.perf_counter() - t0, 3), *started))
             return None
-        metrics = (evaluator or self.val).metrics(model, exact=self.exact)
-        if evaluator is None:
-            self._split_metrics[_key(r)] = metrics
         sp = None
         if speed and self.check_speed:
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
                          variants=self.speed_variants)["int8_speedup"]
+        if sp is not None and drop_under is not None and sp < drop_under:
+            step = Step(stage, change, r.describe(), {}, float("inf"), False, sp, round(time.perf_counter() - t0, 3),
+                        *started)
+            self.steps.append(step)
+            self._took(f"{stage}:speed", time.perf_counter() - t0 - (self._setup_s - setup))  # not a scored step
+            self.log(f"  {stage:<11} {change:<42} not scored: speed x{sp:.2f}")
+            return step
+        metrics = (evaluator or self.val).metrics(model, exact=self.exact)
+        if evaluator is None:
+            self._split_metrics[_key(r)] = metrics
         step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
                     passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 3),
                     *started)
@@ -821,9 +830,11 @@ class Search:
             # start is an option that must leave the first track its time where that track can meet the speed
             # gate (on a large encoder the prior's track tells more than three more starts).
             viable = tracks and not slow[tracks[0].recipe.describe()]
+            # Timed before it is scored: a start too slow to keep is dropped without its accuracy.
             step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
                                 evaluator=self.sample, must=not tracks,
-                                ahead=self._after_start(tracks[0].recipe) if viable else None)
+                                ahead=self._after_start(tracks[0].recipe) if viable else None,
+                                drop_under=self.early_speed)
             if step is None:
                 continue
             if step.speedup is not None and (self._fastest is None or step.speedup > self._fastest[1]):
