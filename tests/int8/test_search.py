@@ -719,7 +719,7 @@ def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
 
 def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
     """u8 activations at 255 times s8 weights at 127: each pair of products (64,770) overflows int16, which
-    onnxruntime's non-VNNI u8s8 kernels sum in saturating int16. The exact session (how the TensorRT form is judged)
+    onnxruntime's non-VNNI u8s8 kernels sum in saturating int16. The exact session (how both forms are judged there)
     must give the true dot products on any CPU."""
     from onnx import TensorProto, helper, numpy_helper
 
