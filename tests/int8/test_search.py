@@ -717,25 +717,31 @@ def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
     assert text.startswith("intro\n") and text.endswith(f"{end}\nrest\n")
 
 
-def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
-    """u8 activations at 255 times s8 weights at 127: each pair of products (64,770) overflows int16, which
-    onnxruntime's non-VNNI u8s8 kernels sum in saturating int16. The exact session (how both forms are judged there)
-    must give the true dot products on any CPU."""
+def _unit_scale_qdq_matmul(weight: np.ndarray, zero_point: np.ndarray, rows: int):
+    """Y = DQ(Q(X)) @ DQ(W) with every scale 1, so its outputs are the integer dot products themselves; X's zero
+    point (0 of uint8 or int8) picks u8 or s8 activations."""
     from onnx import TensorProto, helper, numpy_helper
 
-    k = 64
-    weight = np.full((k, 4), 127, np.int8)
+    k, n = weight.shape
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
              helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
              helper.make_node("MatMul", ["xd", "wd"], ["y"])]
-    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "xs"),
-             numpy_helper.from_array(np.array(0, np.uint8), "xz"),
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "xs"), numpy_helper.from_array(zero_point, "xz"),
              numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "ws")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], inits)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
+    return model
+
+
+def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
+    """u8 activations at 255 times s8 weights at 127: each pair of products (64,770) overflows int16, which
+    onnxruntime's non-VNNI u8s8 kernels sum in saturating int16. The exact session (how both forms are judged there)
+    must give the true dot products on any CPU."""
+    k = 64
+    model = _unit_scale_qdq_matmul(np.full((k, 4), 127, np.int8), np.array(0, np.uint8), rows=2)
     x = np.full((2, k), 255.0, np.float32)
     got = evaluate.session(model, exact=True).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
@@ -745,8 +751,6 @@ def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_in
     """TensorRT sums int8 products exactly in int32. Where onnxruntime's fused kernels do too (VNNI), its
     candidates are judged on them (about twice as fast as the unfused graph); elsewhere on the unfused graph. On a
     VNNI CPU the fused kernels must then give the true sums of the form's int8 activations at both extremes."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from tritonkit import envinfo
     from tritonkit.int8.recipe import exact_judgement
 
@@ -759,17 +763,8 @@ def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_in
     k, rng = 3072, np.random.default_rng(0)
     weight = np.concatenate([np.full((k, 2), 127, np.int8), np.full((k, 2), -127, np.int8),
                              rng.integers(-127, 128, (k, 12)).astype(np.int8)], axis=1)
-    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
-             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
-             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
-    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "xs"),
-             numpy_helper.from_array(np.array(0, np.int8), "xz"),  # symmetric int8 activations: TensorRT's form
-             numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "ws")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
-    model.ir_version = 9
+    # Symmetric int8 activations (zero point 0 of int8): TensorRT's form.
+    model = _unit_scale_qdq_matmul(weight, np.array(0, np.int8), rows=4)
     x = np.stack([np.full(k, 127.0), np.full(k, -128.0), *rng.integers(-128, 128, (2, k))]).astype(np.float32)
     got = evaluate.session(model, exact=exact_judgement("tensorrt")).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got.astype(np.int64), x.astype(np.int64) @ weight.astype(np.int64))

@@ -609,21 +609,25 @@ class Search:
             return None
         t0, setup = time.perf_counter(), self._setup_s
         started = (round(t0 - self._t0, 3), *self._granted)
+
+        def unscored(sp: float | None) -> Step:  # rejected by the form (no speed-up), or too slow to score
+            step = Step(stage, change, r.describe(), {}, float("inf"), False, sp, round(time.perf_counter() - t0, 3),
+                        *started)
+            self.steps.append(step)
+            return step
+
         try:
             model = self.build(r)
         except QuantizationError as exc:
             self.log(f"  {stage:<11} {change:<42} rejected: {exc}")
-            self.steps.append(Step(stage, change, r.describe(), {}, float("inf"), False, None,
-                                   round(time.perf_counter() - t0, 3), *started))
+            unscored(None)
             return None
         sp = None
         if speed and self.check_speed:
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
                          variants=self.speed_variants)["int8_speedup"]
         if sp is not None and drop_under is not None and sp < drop_under:
-            step = Step(stage, change, r.describe(), {}, float("inf"), False, sp, round(time.perf_counter() - t0, 3),
-                        *started)
-            self.steps.append(step)
+            step = unscored(sp)
             self._took(f"{stage}:speed", time.perf_counter() - t0 - (self._setup_s - setup))  # not a scored step
             self.log(f"  {stage:<11} {change:<42} not scored: speed x{sp:.2f}")
             return step
