@@ -28,9 +28,9 @@ serve: ## start the embedded tritonserver on 127.0.0.1 (HTTP_PORT/GRPC_PORT/METR
 build: ## every spec (or MODEL=name): export ONNX, INT8 from its committed recipe (searched if none, in MINUTES=15 per model), reports, configs
 	@$(PY) -m tritonkit.build $(or $(MODEL),all) $(if $(MINUTES),--budget-minutes $(MINUTES))
 
-int8-search: ## re-run the accuracy-aware INT8 search for MODEL=name [MINUTES=cap of the whole build that searches, both forms: default 15, 0 none] [FORM=served|tensorrt] (rewrites models/<name>.int8.json; commit it)
+int8-search: ## re-run the accuracy-aware INT8 search for MODEL=name [MINUTES=cap of the whole build that searches, both forms: default 15, 0 none] [FORM=served|tensorrt] [FRESH=1: do not judge the committed candidates first] (rewrites models/<name>.int8.json; commit it)
 	@test -n "$(MODEL)" || { echo "usage: make int8-search MODEL=<name> [MINUTES=n] [FORM=served|tensorrt]" >&2; exit 2; }
-	@$(PY) -m tritonkit.build $(MODEL) --search $(if $(MINUTES),--budget-minutes $(MINUTES)) $(if $(FORM),--form $(FORM))
+	@$(PY) -m tritonkit.build $(MODEL) --search $(if $(MINUTES),--budget-minutes $(MINUTES)) $(if $(FORM),--form $(FORM)) $(if $(FRESH),--fresh)
 
 add-model: ## write a spec: KIND=text-embedding NAME=x SOURCE=dir (see python -m tritonkit.add --help)
 	@test -n "$(KIND)" -a -n "$(NAME)" -a -n "$(SOURCE)" || { echo "usage: make add-model KIND=text-embedding NAME=<name> SOURCE=<dir>" >&2; exit 2; }

@@ -123,12 +123,13 @@ def speed_variants(kind) -> tuple[str, str]:
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = recipe.DEFAULT_BUDGET_S, search_form: str | None = None,
-               forms: Sequence[str] = recipe.FORMS, started: float | None = None
+               forms: Sequence[str] = recipe.FORMS, started: float | None = None, fresh: bool = False
                ) -> tuple[list[recipe.Outcome], bool]:
     """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
     search_if_missing: `make build` does that for a new model; library callers get an error instead), and whether
     it searched. `started`: the build's start (time.perf_counter), when `search_budget_s` is the whole build's: the
-    search then gets what is left of it, less a share for the steps after it (recipe.search_budget_s)."""
+    search then gets what is left of it, less a share for the steps after it (recipe.search_budget_s). `fresh`:
+    the search does not judge the committed candidates first (recipe.search)."""
     data, variants = recipe.load_recipes(kind), speed_variants(kind)
     if data is None and not (run_search or search_if_missing):
         raise recipe.GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(kind))}); run "
@@ -147,7 +148,7 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
 
             against, _ = fp32_competitor(kind, fp32, variants[0], MIN_GAIN, log=_log)
         data = recipe.search(kind, fp32, progress=progress, budget_s=budget, only=only,
-                             speed_variants=(against, variants[1]))
+                             speed_variants=(against, variants[1]), fresh=fresh)
         force = True
     outcomes = []
     for form, out, stage in (("served", paths.model_file(kind.INT8_MODEL), "int8"),
@@ -211,7 +212,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
           progress: bool = True, search_if_missing: bool = False,
           search_budget_s: float | None = recipe.DEFAULT_BUDGET_S,
           search_form: str | None = None, choose_runtime: bool = False,
-          forms: Sequence[str] = recipe.FORMS) -> BuildResult:
+          forms: Sequence[str] = recipe.FORMS, fresh: bool = False) -> BuildResult:
     """Configs, FP32, packed forms and the INT8 `forms` of one model (`make demo` builds only the served form: the
     TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
     from tritonkit.repository import generate
@@ -233,7 +234,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     # for the replays and the runtime choice after it.
     outcomes, searched = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
                                     search_if_missing=search_if_missing, search_budget_s=search_budget_s,
-                                    search_form=search_form, forms=forms, started=t0)
+                                    search_form=search_form, forms=forms, started=t0, fresh=fresh)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     build_packed(kind, served.path, fp32 if served.status == "passed" else None)
@@ -271,6 +272,9 @@ def arguments() -> argparse.ArgumentParser:
                              "it found and what the budget cut")
     parser.add_argument("--form", choices=list(recipe.FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
+    parser.add_argument("--fresh", action="store_true",
+                        help="with --search: do not judge the committed candidates first (a re-search starts from "
+                             "them, built from their quantization parameters)")
     parser.add_argument("--choose-runtime", action="store_true",
                         help="re-time every served file on ONNX Runtime and OpenVINO for this CPU class "
                              "(models/<name>.runtime.json; commit it)")
@@ -283,13 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.form and not args.search:
         parser.error("--form only applies with --search")
+    if args.fresh and not args.search:
+        parser.error("--fresh only applies with --search")
     targets = kinds.names() if args.target == "all" else [args.target]
     status = 0
     for target in targets:
         result = build(target, force=args.force, skip_int8=args.skip_int8, run_search=args.search,
                        progress=not args.no_progress, search_if_missing=True,
                        search_budget_s=budget_from_minutes(args.budget_minutes),
-                       search_form=args.form, choose_runtime=args.choose_runtime)
+                       search_form=args.form, choose_runtime=args.choose_runtime, fresh=args.fresh)
         for outcome in result.outcomes:
             if outcome.status == "failed":
                 status = 1

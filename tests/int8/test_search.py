@@ -1031,3 +1031,85 @@ def test_a_build_that_searches_keeps_its_budget_end_to_end():
     assert recipe.search_budget_s(900, 25) < 900 - 25
     assert recipe.search_budget_s(900, 1000) == 1.0  # spent before the search: its first start only
     assert recipe.search_budget_s(None, 25) is None
+
+
+def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(tiny, tmp_path, monkeypatch):
+    """A re-search builds the committed candidate from its quantization parameters (no calibration pass, the
+    replay's bytes) and judges it before any start: within a budget that affords nothing else it is still proven
+    (passing, or kept as the accurate candidate where the speed gate alone rejects it); one that misses is dropped
+    and the search goes on from its starts."""
+    from tritonkit.int8 import calibration
+    from tritonkit.int8.quantize import quantize_with_params
+
+    path, sensitive = tiny
+    spec = TinySpec()
+    committed = search.Recipe(form="int8", placement="inputs", float_nodes=[sensitive])
+    replayed = tmp_path / "replayed.onnx"
+    params = quantize_with_params(path, replayed, committed.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
+                                  spec.calibration_batch_count(), progress=False)
+    passes: list[Path] = []
+    original = calibration.collect
+    monkeypatch.setattr(calibration, "collect", lambda graph, *a, **k: passes.append(graph) or original(graph, *a, **k))
+    quiet = dict(check_speed=False, progress=False, log=lambda _m: None, min_int8_share=0.0)
+
+    searcher = search.Search(spec, path, ["int8"], budget_s=1e-6, committed=(committed, params), **quiet)
+    assert searcher.build(committed).SerializeToString() == onnx.load(str(replayed)).SerializeToString()
+    result = searcher.run()
+    assert result.passed and result.recipe == committed, result.reason
+    assert [s.stage for s in result.steps] == ["committed"] and not passes, (result.steps, passes)
+    assert all(t.met(result.validation) and t.met(result.test) for t in spec.TARGETS)
+    # Without it, the same budget runs the first start, which calibrates.
+    alone = search.Search(spec, path, ["int8"], budget_s=1e-6, **quiet).run()
+    assert [s.stage for s in alone.steps] == ["start"] and passes and not alone.passed
+
+    class Outrun(search.Search):  # a faster FP32 competitor (bf16) than the candidate
+        def candidate_speed(self, r):
+            return {"speedup_batch8": 0.9, "speedup_lo_batch8": 0.8, "speedup_hi_batch8": 0.95,
+                    "int8_speedup": 0.9, "int8_speedup_lo": 0.8}
+
+    slow = Outrun(spec, path, ["int8"], budget_s=1e-6, committed=(committed, params),
+                  **{**quiet, "check_speed": True}).run()
+    assert not slow.passed and "fastest that met the accuracy gates" in slow.reason, slow.reason
+    assert slow.accurate["recipe"]["float_nodes"] == [sensitive] and slow.accurate["speed"]["int8_speedup_lo"] == 0.8
+
+    # A committed candidate that misses here (every layer INT8) is dropped: the search goes on and finds the layer.
+    everything = search.Recipe(form="int8", placement="inputs")
+    given = quantize_with_params(path, tmp_path / "all.onnx", everything.to_quant(spec.WEIGHT_OPS),
+                                 spec.calibration_batches, spec.calibration_batch_count(), progress=False)
+    again = search.Search(spec, path, ["int8"], committed=(everything, given), **quiet).run()
+    assert again.steps[0].stage == "committed" and not again.steps[0].passed
+    assert again.passed and sensitive in again.recipe.float_nodes and again.steps[1].stage == "start"
+
+
+def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_apply(tiny, tmp_path, monkeypatch):
+    """recipe.search hands each form's search the committed recipe (else the accurate candidate) of this CPU class
+    with its parameters; parameters computed from another FP32 graph do not apply, and it searches from the starts."""
+    import json
+
+    from tritonkit import envinfo
+    from tritonkit.int8 import recipe
+    from tritonkit.int8.params import file_digest
+    from tritonkit.int8.quantize import quantize_with_params
+
+    path, sensitive = tiny
+    spec = TinySpec()
+    found = {"form": "int8", "placement": "inputs", "float_nodes": [sensitive]}
+    entry = {"recipe": None, "status": recipe.FALLBACK, "speed_against": search.BF16_COMPETITOR,
+             "accurate": {"recipe": found}}
+    committed = _recipe_file(tmp_path, {"vnni": entry})
+    committed.spec.file.write_text('name = "tiny"\n')  # what the parameters' origin digests
+    monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
+    assert recipe.committed_candidate(committed, "served", entry, path, file_digest(path)) is None  # no parameters
+    r = search.Recipe.from_json(found)
+    quantize_with_params(path, tmp_path / "q.onnx", r.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
+                         spec.calibration_batch_count(), False, None, recipe.recipe_digest(found),
+                         recipe.params_origin(committed)).save(recipe.params_path(committed, "served", entry))
+    got = recipe.committed_candidate(committed, "served", entry, path, file_digest(path))
+    assert got is not None and got[0] == r and got[1].recipe == recipe.recipe_digest(found)
+    assert recipe.committed_candidate(committed, "served", {"recipe": found, "status": "passed"}, path,
+                                      file_digest(path))[0] == r  # a passing recipe is its own candidate
+    # An export's last bits may differ between CPUs: the same spec and packages still apply; a changed spec does not.
+    assert recipe.committed_candidate(committed, "served", entry, path, "0" * 64) is not None
+    committed.spec.file.write_text('name = "tiny"\ndescription = "changed"\n')
+    assert recipe.committed_candidate(committed, "served", entry, path, "0" * 64) is None
+    assert json.loads((tmp_path / "tiny.int8.json").read_text())["served"]["vnni"] == entry

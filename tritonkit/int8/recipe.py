@@ -71,7 +71,8 @@ def quant_params(kind, form: str, entry: dict, fp32: Path, source: str | None = 
             params = QuantParams.load(path)
             applies, note = params.applies(source, digest, params_origin(kind))
             if applies:
-                _log(f"{kind.NAME}: {form} INT8 from the quantization parameters {paths.rel(path)} (no calibration)"
+                _log(f"{kind.NAME}: {form} INT8 built from the quantization parameters {paths.rel(path)} (no "
+                     "calibration)"
                      + (f": {note}" if note else ""))
                 return params, None, path
             why = f"{paths.rel(path)} does not apply: {note}"
@@ -133,11 +134,13 @@ def form_budget_s(budget_s: float | None, elapsed_s: float, form: str, both: boo
 
 
 def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEFAULT_BUDGET_S,
-           only: str | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> dict:
+           only: str | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), fresh: bool = False) -> dict:
     """Search both forms (or `only` one, keeping the other's committed recipe and log) within `budget_s` in all
     (None: unbounded); write the committed recipe file and the full search report; returns the recipe data.
-    `speed_variants`: the runtime variants that serve the FP32 and INT8 models here, which the speed gate times."""
+    `speed_variants`: the runtime variants that serve the FP32 and INT8 models here, which the speed gate times.
+    Each form judges its committed candidate first (Search.committed_first) unless `fresh`."""
     from tritonkit.export import write_json
+    from tritonkit.int8.params import file_digest
 
     t0 = time.perf_counter()
     out: dict = {"model": kind.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
@@ -161,6 +164,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                 out[form] = kept[form] if form == "served" else {"env": kept.get("env", {}), **kept[form]}
                 if form in old:
                     full[form] = old[form]
+    source = file_digest(fp32)
     workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
     try:
         for form, forms in FORMS.items():
@@ -171,10 +175,12 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
             elapsed = time.perf_counter() - t0
             if budget_s is not None and elapsed >= budget_s:
                 _log(f"{kind.NAME}: the {form} form gets no search time: the budget ({budget_s / 60:.0f} min) is spent")
+            own = committed.get(form, {}).get(cpu) if form == "served" else committed.get(form)
             searcher = Search(kind, fp32, forms, check_speed=form == "served",
                               budget_s=form_budget_s(budget_s, elapsed, form, only is None), progress=progress,
                               log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
-                              speed_variants=speed_variants)
+                              speed_variants=speed_variants,
+                              committed=None if fresh else committed_candidate(kind, form, own, fp32, source))
             result = searcher.run()
             full[form] = result.to_json()
             # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.
@@ -204,7 +210,8 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
             _log(f"{kind.NAME} {form}: {found} ({result.seconds:.0f} s)")
     finally:
         workspace.close()
-    out["search_seconds"] = round(time.perf_counter() - t0, 1)
+    out = {**{k: v for k, v in out.items() if k not in FORMS}, **{f: out[f] for f in FORMS if f in out}}
+    out["search_seconds"] = round(time.perf_counter() - t0, 1)  # forms in FORMS order, whichever was searched
     path = recipe_path(kind)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
@@ -212,6 +219,20 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
     _log(f"{kind.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
          f"build/reports/{kind.NAME}_int8_search.json")
     return load_recipes(kind)
+
+
+def committed_candidate(kind, form: str, entry: dict | None, fp32: Path, source: str):
+    """(Recipe, QuantParams) a re-search judges first (Search.committed_first): this class's committed recipe for
+    `form`, or the accurate candidate its speed gate rejected, with the parameters that build it without a
+    calibration pass. None without one, or where its parameters do not apply to this FP32 graph (said)."""
+    found = entry and (entry.get("recipe") or (entry.get("accurate") or {}).get("recipe"))
+    if not found:
+        return None
+    given, why, _ = quant_params(kind, form, {"recipe": found}, fp32, source)
+    if given is None:
+        _log(f"{kind.NAME} {form}: the committed candidate is not judged first ({why}): searching from the starts")
+        return None
+    return Recipe.from_json(found), given
 
 
 def committed_recipes(kind) -> dict | None:

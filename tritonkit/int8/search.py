@@ -449,7 +449,8 @@ class Search:
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
                  budget_s: float | None = None, progress: bool = True, log: Callable = print,
                  workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None,
-                 floor: dict | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)):
+                 floor: dict | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT),
+                 committed: tuple[Recipe, object] | None = None):
         from tritonkit.int8 import floor as floors
 
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
@@ -488,16 +489,20 @@ class Search:
         self._own = workspace is None  # a workspace passed in outlives this search; its owner closes it
         self.ws = workspace or Workspace()
         self._sample: Evaluator | None = None
+        # (recipe, its QuantParams): the committed candidate of this model, form and CPU class, judged first and
+        # built from its parameters (no calibration pass), as a replay builds it (Search.committed_first).
+        self.committed = committed
+        self._judged = False  # the committed candidate was measured: no start must run whatever the budget
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def _prepare(self, r: Recipe):
         from tritonkit.int8.calibration import smooths_twins_graph
         from tritonkit.int8.transforms import prepare
 
-        key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
+        key = _prepared_key(r)
         if key not in self.ws.prepared:
-            absmax = None
-            if smooths_twins_graph(r):  # its activations' maxima came with the unsmoothed calibration
+            absmax, given = None, self._given(r)
+            if given is None and smooths_twins_graph(r):  # its activations' maxima came with the unsmoothed pass
                 twin = replace(r, smooth_alpha=None)
                 self._calibrate(twin)
                 absmax = self.ws.stats[self._digest(self._graph(twin))].channel_absmax
@@ -506,7 +511,7 @@ class Search:
             t0 = time.perf_counter()
             self.ws.prepared[key] = prepare(self.fp32, r.to_quant(self.spec.WEIGHT_OPS),
                                           self.spec.calibration_batches, work, self.spec.calibration_batch_count(),
-                                          absmax=absmax)
+                                          given, absmax=absmax)
             self._setup_s += time.perf_counter() - t0
         return self.ws.prepared[key]
 
@@ -523,6 +528,11 @@ class Search:
         digest = self._digest(graph)
         key = (digest, r.calibrate_method, json.dumps(r.extra_options))
         if key in self.ws.ranges:
+            return with_isolated_copies(self.ws.ranges[key], prepared)
+        given = self._given(r)
+        if given is not None and (r.calibrate_method, r.extra_options) == \
+                (self.committed[0].calibrate_method, self.committed[0].extra_options):
+            self.ws.ranges[key] = given.tensors_data()  # what a pass over the same data gives (test_params)
             return with_isolated_copies(self.ws.ranges[key], prepared)
         if smoothed_from_twin(r):
             # SmoothQuant on the graph its twin calibrated (_prepare did): that pass gives these ranges, as a replay
@@ -548,6 +558,12 @@ class Search:
             self._setup_s += took
         self.ws.ranges[key] = self.ws.stats[digest].ranges(r.calibrate_method, r.extra_options)
         return with_isolated_copies(self.ws.ranges[key], prepared)
+
+    def _given(self, r: Recipe):
+        """The committed parameters where `r` prepares the committed recipe's graph (the same transforms), else None."""
+        if self.committed is None or _prepared_key(r) != _prepared_key(self.committed[0]):
+            return None
+        return self.committed[1]
 
     def quant_params(self, r: Recipe, recipe_digest: str, origin: str = ""):
         """The quantization parameters (tritonkit.int8.params) of `r` as this search built it: a replay of the
@@ -713,8 +729,9 @@ class Search:
         if kind == "resample":  # the whole split's worst rows, then a new sample's FP32 reference
             split = self.estimate("confirm:split")
             return None if split is None else split + float(np.median(sample))
-        if kind.endswith(":sample") or kind == "speed":
-            return float(np.median(sample)) if sample else None
+        if kind.endswith(":sample") or kind == "speed":  # (a committed candidate's whole split, before any sample)
+            return float(np.median(sample)) if sample else float(np.median(whole)) / self.sample_stride \
+                if whole and kind != "speed" else None
         return None
 
     def _step_estimate(self, kind: str, r: Recipe) -> float | None:
@@ -724,7 +741,7 @@ class Search:
         if step is None:
             return None
         calibrate = self.estimate("calibrate") or 0.0
-        key = (r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding)
+        key = _prepared_key(r)
         if key in self.ws.prepared:
             prepared = self.ws.prepared[key]
             digest = self._digest(prepared.base or prepared.path)
@@ -830,13 +847,14 @@ class Search:
         for r in starts:
             form, placement = r.form, r.placement
             # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
-            # Starts run until one gives a track, whatever the budget: a search reports at least that. A further
-            # start is an option that must leave the first track its time where that track can meet the speed
-            # gate (on a large encoder the prior's track tells more than three more starts).
+            # Starts run until one gives a track, whatever the budget: a search reports at least that (a judged
+            # committed candidate is that report). A further start is an option that must leave the first track
+            # its time where that track can meet the speed gate (on a large encoder the prior's track tells more
+            # than three more starts).
             viable = tracks and not slow[tracks[0].recipe.describe()]
             # Timed before it is scored: a start too slow to keep is dropped without its accuracy.
             step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
-                                evaluator=self.sample, must=not tracks,
+                                evaluator=self.sample, must=not tracks and not self._judged,
                                 ahead=self._after_start(tracks[0].recipe) if viable else None,
                                 drop_under=self.early_speed)
             if step is None:
@@ -856,6 +874,32 @@ class Search:
         tracks.sort(key=lambda t: (slow[t.recipe.describe()], self._prior_misses(t.recipe, ("form", "placement")),
                                    t.distortion))
         return tracks[: self.max_tracks]
+
+    def committed_first(self) -> tuple[Recipe, dict] | None:
+        """The committed candidate (the recipe, or the accurate candidate a speed gate rejected) judged before any
+        start, whatever the budget: built from its parameters in seconds, on the whole validation split, then timed at
+        the served batch sizes. A re-search (after a dependency change, on another machine of the class) so proves or
+        drops what the last one found before it pays for a calibration: MPNet's candidate took a 45-minute search,
+        whose 15-minute re-search otherwise has time for one start. (recipe, speed) where every accuracy gate holds,
+        else None."""
+        if self.committed is None:
+            return None
+        r = self.committed[0]
+        if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
+            self.log(f"  committed {r.describe()}: under {self.min_int8_share:.0%} of the multiply-accumulates in "
+                     "INT8; not judged")
+            return None
+        self._judged = True
+        step = self.measure("committed", "the committed candidate on all validation", r, must=True)
+        if not _passed(step):
+            self.log(f"  committed {r.describe()} misses here: searching without it")
+            return None
+        t0 = time.perf_counter()
+        speed = self.candidate_speed(r) if self.check_speed else {}
+        self._took("speed", time.perf_counter() - t0)
+        self.log(f"  committed {r.describe()}: holds every accuracy gate on all validation"
+                 + (f", speed {_speed(speed)}" if speed else ""))
+        return r, speed
 
     def speed_ceiling(self) -> tuple[str, dict] | None:
         """(why, its timings) when no recipe can meet the speed gate, else None. The fastest start has every unit in
@@ -1105,10 +1149,14 @@ class Search:
         failed: list[dict] = []
         ok: list[tuple[Recipe, dict]] = []
         slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
+        first = self.committed_first()
+        if first is not None:
+            self._sort_by_speed(ok, slow, failed, [first])
         tracks = self.start()
-        ceiling = self.speed_ceiling()
+        ceiling = None if ok else self.speed_ceiling()
         if ceiling is not None:
-            return self._result(None, {}, {}, ceiling[1], failed, t0, ceiling[0])
+            accurate = self._held_out(*max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))) if slow else None
+            return self._result(None, {}, {}, ceiling[1], failed, t0, ceiling[0], accurate=accurate)
         for i, track in enumerate(tracks):
             # The first track always reports; another starts only with time left beyond the reserve.
             if i and not self.fits("track", track.recipe.describe()):
@@ -1154,7 +1202,7 @@ class Search:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough
                     break
                 first, walls = len(self.steps), len(self.walls)
-                caps = [len(r.float_nodes) for r, _ in finals] + ([wall] if wall is not None else [])
+                caps = [len(r.float_nodes) for r, _ in (*finals, *ok)] + ([wall] if wall is not None else [])
                 recipe = self.fallback(name, variant, ranked, min(caps) if caps else None)
                 if wall is None and len(self.walls) > walls:
                     wall = self.walls[-1]["float_nodes"]
@@ -1174,13 +1222,7 @@ class Search:
                 self._took("speed", time.perf_counter() - t1)
                 self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
                 finals.append((recipe, speed))
-            if self.check_speed:
-                too_slow = [(r, s) for r, s in finals if not self.spec.SPEED_TARGET.met(s)]
-                slow += too_slow
-                failed += [{"recipe": r.describe(), "accuracy": "passed (validation)", "speed": s,
-                            "speedup": s.get("int8_speedup")} for r, s in too_slow]
-                finals = [(r, s) for r, s in finals if self.spec.SPEED_TARGET.met(s)]
-            ok += finals
+            self._sort_by_speed(ok, slow, failed, finals)
             if ok:  # tracks run best first: the first that passes ends the search
                 break
         if not ok:
@@ -1214,6 +1256,17 @@ class Search:
         reason = "" if ok_test else "test split: " + "; ".join(missed(self.targets["test"], test))
         return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
                             chosen=recipe)
+
+    def _sort_by_speed(self, ok: list, slow: list, failed: list, found: list[tuple[Recipe, dict]]) -> None:
+        """Candidates that held every accuracy gate go to `ok`, or to `slow` (and `failed`) where the speed gate
+        rejects them."""
+        for r, s in found:
+            if not self.check_speed or self.spec.SPEED_TARGET.met(s):
+                ok.append((r, s))
+                continue
+            slow.append((r, s))
+            failed.append({"recipe": r.describe(), "accuracy": "passed (validation)", "speed": s,
+                           "speedup": s.get("int8_speedup")})
 
     def _on_test(self, model) -> tuple[dict[str, float], bool]:
         """A chosen graph on the held-out test split, once (the reserve was kept for it): its metrics, and whether
@@ -1253,6 +1306,11 @@ class Search:
         if chosen is not None and recipe is None:
             res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
         return res
+
+
+def _prepared_key(r: Recipe) -> tuple:
+    """What a recipe's prepared graph depends on: recipes equal in it share one (Workspace.prepared)."""
+    return r.placement, r.smooth_alpha, r.bias_correction, r.weight_rounding
 
 
 def _key(r: Recipe) -> str:
