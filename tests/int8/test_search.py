@@ -1113,3 +1113,25 @@ def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_
     committed.spec.file.write_text('name = "tiny"\ndescription = "changed"\n')
     assert recipe.committed_candidate(committed, "served", entry, path, "0" * 64) is None
     assert json.loads((tmp_path / "tiny.int8.json").read_text())["served"]["vnni"] == entry
+
+
+@pytest.mark.parametrize("named", ["sensitive", "harmless"])
+def test_the_kinds_prior_float_nodes_are_one_candidate_before_the_scan(tiny, named):
+    """A kind may name what its shipped models kept float: that set is scored right after the knob variants, and
+    where it holds on the whole split it is a candidate without a scan; one that misses costs one sample step, and
+    the scan finds the layer as before."""
+    path, sensitive = tiny
+    spec = TinySpec()
+    harmless = next(n for n in search.quantizable_nodes(path, spec.WEIGHT_OPS) if n != sensitive)
+    spec.SEARCH_PRIOR_FLOAT = ("^" + (sensitive if named == "sensitive" else harmless) + "$",)
+    result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                           min_int8_share=0.0).run()
+    stages = [s.stage for s in result.steps]
+    prior = stages.index("prior")
+    assert "variant" in stages[:prior] and "fallback" not in stages[:prior], stages
+    assert result.passed and result.recipe.float_nodes == [sensitive], result.recipe
+    if named == "sensitive":
+        assert result.steps[prior].passed and stages[prior + 1] == "confirm", stages
+        assert stages.count("confirm") == 1  # the fallbacks found nothing shorter to confirm
+    else:
+        assert not result.steps[prior].passed and result.sensitivity[0]["units"][0]["unit"] == sensitive

@@ -63,6 +63,9 @@ class SearchSpec(Protocol):
     # Optional: the knobs to try first ("form", "placement" and KNOBS' names), what won on the kind's shipped models,
     # so a budget that ends early has tried them.
     SEARCH_PRIOR: dict
+    # Optional: family names or node-name patterns its shipped models kept float, tried as one candidate first
+    # (Search.prior_float).
+    SEARCH_PRIOR_FLOAT: tuple[str, ...]
 
     def calibration_batches(self): ...
     def calibration_batch_count(self) -> int: ...
@@ -901,6 +904,44 @@ class Search:
                  + (f", speed {_speed(speed)}" if speed else ""))
         return r, speed
 
+    def prior_nodes(self, r: Recipe) -> list[str]:
+        """The nodes of `r`'s prepared graph that the kind's SEARCH_PRIOR_FLOAT names: "family:<name>" units
+        (tritonkit.int8.search.families) and regular expressions searched in node names."""
+        import re
+
+        patterns = getattr(self.spec, "SEARCH_PRIOR_FLOAT", ())
+        if not patterns:
+            return []
+        units = self.units(r)
+        nodes = quantizable_nodes(self._prepare(r).path, self.spec.WEIGHT_OPS)
+        named = {n for p in patterns if p.startswith("family:") for n in units.get(p, [])}
+        named |= {n for p in patterns if not p.startswith("family:") for n in nodes if re.search(p, n)}
+        return [n for n in nodes if n in named]
+
+    def prior_float(self, variant: Recipe) -> tuple[Recipe, dict] | None:
+        """`variant` with the kind's prior float nodes (SEARCH_PRIOR_FLOAT: what its shipped models kept float),
+        scored on the sample and, where it holds there, confirmed on the whole split and timed: (recipe, speed), else
+        None. One candidate at a scan unit's price, where a large encoder's budget reaches no scan (MPNet's 19 units
+        cost 12 minutes on 2 cores)."""
+        nodes = self.prior_nodes(variant)
+        if not nodes:
+            return None
+        r = replace(variant, float_nodes=nodes)
+        if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
+            self.log(f"  prior {r.describe()}: under {self.min_int8_share:.0%} of the multiply-accumulates in INT8")
+            return None
+        step = self.measure("prior", f"the kind's {len(nodes)} prior float nodes", r, evaluator=self.sample, ahead=0.0)
+        if not _passed(step):
+            return None
+        confirmed = self.measure("confirm", "the prior float nodes on all validation", r, speed=True)
+        if not _passed(confirmed):
+            return None
+        t0 = time.perf_counter()
+        speed = self.candidate_speed(r) if self.check_speed else {}
+        self._took("speed", time.perf_counter() - t0)
+        self.log(f"  candidate {r.describe()}: speed {_speed(speed)}")
+        return r, speed
+
     def speed_ceiling(self) -> tuple[str, dict] | None:
         """(why, its timings) when no recipe can meet the speed gate, else None. The fastest start has every unit in
         INT8, and units put back in float only slow a graph down: where its 95 % interval at some served batch size
@@ -1183,6 +1224,8 @@ class Search:
             scored.sort(key=lambda v: v[0])
             if scored:
                 self._plan_track(scored[0][2], 0, len(scored))
+            # What won on the kind's shipped models, before a scan the budget may not reach; it caps the fallbacks.
+            found = self.prior_float(scored[0][2]) if scored else None
             # The sample also carries the whole split's worst rows, which decide worst-case gates.
             # It must leave a scan of one unit and its fallback.
             if scored and self.fits("resample", "the whole split's worst rows", self.estimate("resample"),
@@ -1196,7 +1239,7 @@ class Search:
                 self._log_eta("sensitivity")
             ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
             self._log_eta("fallback")
-            finals = []
+            finals = [found] if found is not None else []
             wall = None  # float nodes at this track's first wall: its variants share its speed, so stay under it
             for _, name, variant in scored[: self.max_variants]:
                 if len(finals) >= 2:  # two passing candidates to compare speeds is enough

@@ -73,6 +73,10 @@ class TextEmbedding(Kind):
     # TensorRT forms alike (models/text_embedding.int8.json), so a budget that ends early has tried them.
     SEARCH_PRIOR: ClassVar[dict] = {"form": "uint8", "placement": "inputs", "smooth_alpha": 0.8,
                                     "calibrate_method": "minmax"}
+    # Float nodes tried as one candidate before the scan: every FFN output projection (its input is GELU's, with
+    # outliers) and attention's activation-by-activation MatMuls, what MiniLM's (both forms) and MPNet's searches
+    # kept float most (models/*.int8.json). A family name, or a regular expression over node names.
+    SEARCH_PRIOR_FLOAT: ClassVar[tuple[str, ...]] = ("family:activation-matmul", r"layer\.\d+/output/dense/MatMul$")
     SERVE_THREADS = 1
     SPEED_BATCHES = (1, 8, 32)
     DATA_FILES = (data.EVAL_CORPUS,)
