@@ -732,9 +732,11 @@ class Search:
         if kind == "resample":  # the whole split's worst rows, then a new sample's FP32 reference
             split = self.estimate("confirm:split")
             return None if split is None else split + float(np.median(sample))
-        if kind.endswith(":sample") or kind == "speed":  # (a committed candidate's whole split, before any sample)
-            return float(np.median(sample)) if sample else float(np.median(whole)) / self.sample_stride \
-                if whole and kind != "speed" else None
+        if kind.endswith(":sample") or kind == "speed":
+            if sample:
+                return float(np.median(sample))
+            # Before any sample, a sample step is a share of a whole split (a committed candidate's).
+            return float(np.median(whole)) / self.sample_stride if whole and kind != "speed" else None
         return None
 
     def _step_estimate(self, kind: str, r: Recipe) -> float | None:
@@ -888,21 +890,14 @@ class Search:
         if self.committed is None:
             return None
         r = self.committed[0]
-        if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
-            self.log(f"  committed {r.describe()}: under {self.min_int8_share:.0%} of the multiply-accumulates in "
-                     "INT8; not judged")
+        if self._under_share(r, "committed"):
             return None
         self._judged = True
         step = self.measure("committed", "the committed candidate on all validation", r, must=True)
         if not _passed(step):
             self.log(f"  committed {r.describe()} misses here: searching without it")
             return None
-        t0 = time.perf_counter()
-        speed = self.candidate_speed(r) if self.check_speed else {}
-        self._took("speed", time.perf_counter() - t0)
-        self.log(f"  committed {r.describe()}: holds every accuracy gate on all validation"
-                 + (f", speed {_speed(speed)}" if speed else ""))
-        return r, speed
+        return r, self._time_candidate(r, "committed")
 
     def prior_nodes(self, r: Recipe) -> list[str]:
         """The nodes of `r`'s prepared graph that the kind's SEARCH_PRIOR_FLOAT names: "family:<name>" units
@@ -927,8 +922,7 @@ class Search:
         if not nodes:
             return None
         r = replace(variant, float_nodes=nodes)
-        if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
-            self.log(f"  prior {r.describe()}: under {self.min_int8_share:.0%} of the multiply-accumulates in INT8")
+        if self._under_share(r, "prior"):
             return None
         step = self.measure("prior", f"the kind's {len(nodes)} prior float nodes", r, evaluator=self.sample, ahead=0.0)
         if not _passed(step):
@@ -936,11 +930,24 @@ class Search:
         confirmed = self.measure("confirm", "the prior float nodes on all validation", r, speed=True)
         if not _passed(confirmed):
             return None
+        return r, self._time_candidate(r)
+
+    def _under_share(self, r: Recipe, what: str) -> bool:
+        """Whether `r` leaves less of the compute in INT8 than the form's share allows (said): not worth judging."""
+        if not self.min_int8_share or self.int8_share(r) >= self.min_int8_share:
+            return False
+        self.log(f"  {what} {r.describe()}: under {self.min_int8_share:.0%} of the multiply-accumulates in INT8; not "
+                 "judged")
+        return True
+
+    def _time_candidate(self, r: Recipe, what: str = "candidate") -> dict[str, float]:
+        """A candidate that held every accuracy gate on the whole split, timed as the speed gate judges it (nothing
+        to time without one), the time kept as a speed step's."""
         t0 = time.perf_counter()
         speed = self.candidate_speed(r) if self.check_speed else {}
         self._took("speed", time.perf_counter() - t0)
-        self.log(f"  candidate {r.describe()}: speed {_speed(speed)}")
-        return r, speed
+        self.log(f"  {what} {r.describe()}: speed {_speed(speed)}")
+        return speed
 
     def speed_ceiling(self) -> tuple[str, dict] | None:
         """(why, its timings) when no recipe can meet the speed gate, else None. The fastest start has every unit in
@@ -1260,11 +1267,7 @@ class Search:
                 # The first passing candidate is always timed (the reserve was kept for it): it is never lost.
                 if self.check_speed and finals and not self.fits("speed", recipe.describe(), self.estimate("speed")):
                     break
-                t1 = time.perf_counter()
-                speed = self.candidate_speed(recipe) if self.check_speed else {}
-                self._took("speed", time.perf_counter() - t1)
-                self.log(f"  candidate {recipe.describe()}: speed {_speed(speed)}")
-                finals.append((recipe, speed))
+                finals.append((recipe, self._time_candidate(recipe)))
             self._sort_by_speed(ok, slow, failed, finals)
             if ok:  # tracks run best first: the first that passes ends the search
                 break
