@@ -120,6 +120,15 @@ def speed_variants(kind) -> tuple[str, str]:
                  for m in (kind.FP32_MODEL, kind.INT8_MODEL))
 
 
+def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
+    """`variants` with INT8's the one its search timed it on (Search.int8_variant, where its gates held; bf16-free
+    here where this CPU has none), so a replay's speed gate races what the search's did."""
+    from tritonkit.repository import runtime_choice
+
+    searched = entry.get("int8_variant")
+    return (variants[0], runtime_choice.usable_here(searched)) if searched else variants
+
+
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = recipe.DEFAULT_BUDGET_S, search_form: str | None = None,
@@ -166,7 +175,8 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
         _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(kind))} → "
              f"{paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress, speed_variants=variants)
+        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress,
+                                speed_variants=replay_variants(variants, data[form]))
         outcomes.append(outcome)
         if outcome.status != "failed":
             _stamp(kind.NAME, stage, fingerprint)

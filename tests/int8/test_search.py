@@ -1135,3 +1135,32 @@ def test_the_kinds_prior_float_nodes_are_one_candidate_before_the_scan(tiny, nam
         assert stages.count("confirm") == 1  # the fallbacks found nothing shorter to confirm
     else:
         assert not result.steps[prior].passed and result.sensitivity[0]["units"][0]["unit"] == sensitive
+
+
+@pytest.mark.parametrize("int8_variant, timed_on", [
+    ("openvino", "openvino"),
+    pytest.param("openvino-bf16", "onnxruntime", marks=pytest.mark.skipif(
+        not __import__("tritonkit.envinfo").envinfo.has_bf16(),
+        reason="needs a CPU with native bf16: without it OpenVINO computes the float layer in f32")),
+])
+def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_variant, timed_on):
+    """The speed gate times a candidate's INT8 graph on the INT8 model's variant only where the candidate holds the
+    validation gates run so: its last layer must stay float and in fp32, so OpenVINO f32 keeps it and bf16 does
+    not (a float layer in bf16 loses the difference of two channels near 1000); there it is timed under ONNX
+    Runtime, where the search judged it, and a replay races it there too."""
+    from tests.support.tiny_search import export_cancelling
+    from tritonkit.build import replay_variants
+    from tritonkit.serving.runtimes import DEFAULT
+
+    path = tmp_path / "cancelling.onnx"
+    last = export_cancelling(path)
+    spec = TinySpec()
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # timing is not under test: any speed passes
+    logs: list[str] = []
+    result = search.Search(spec, path, ["int8"], check_speed=True, progress=False, log=logs.append,
+                           min_int8_share=0.0, speed_variants=(DEFAULT, int8_variant)).run()
+    assert result.passed and last in result.recipe.float_nodes, result.reason
+    assert result.int8_variant == timed_on
+    assert any(f"misses run as {int8_variant}" in line for line in logs) == (timed_on != int8_variant), logs
+    assert any(line.endswith(f"(INT8 on {timed_on})") for line in logs), logs
+    assert replay_variants((DEFAULT, int8_variant), {"int8_variant": result.int8_variant}) == (DEFAULT, timed_on)

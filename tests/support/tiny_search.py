@@ -64,3 +64,21 @@ def export_tiny(path) -> str:
     gemms = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm"]
     assert len(gemms) == 3
     return gemms[1]
+
+
+def export_cancelling(path) -> str:
+    """Exports a model whose last layer must stay float and must compute in fp32: two hidden channels ride on
+    +1000 and cancel in it (weights +w and -w). fp32 keeps their difference; bf16 rounds each to steps of 4, and
+    one int8 scale over them leaves the other channels no codes. Returns the name of that last Gemm."""
+    import torch
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(16, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 8))
+    with torch.no_grad():
+        model[0].bias[:2] += 1000.0
+        model[2].weight[:, 1] = -model[2].weight[:, 0]
+    torch.onnx.export(model.eval(), (torch.zeros(4, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)
+    gemms = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm"]
+    assert len(gemms) == 2
+    return gemms[1]

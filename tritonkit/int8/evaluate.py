@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 
 Feeds = Mapping[str, np.ndarray]
+# Without VNNI an INT8 file is served on a runtime only if it computes what exact int32 arithmetic of the file does:
+# float summation order moves an output row by ~1e-6 in cosine, saturating int16 pair sums by far more.
+EXACT_COSINE = 0.9999
 # FP32 outputs per (model, file version, split): a build's replay and packed-graph proof score against the same ones.
 _REFERENCES: dict[tuple, np.ndarray] = {}
 
@@ -34,6 +37,31 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
     name = sess.get_outputs()[0].name
     inputs = {i.name for i in sess.get_inputs()}
     return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
+
+
+def run_variant(variant: str, model, batches: Sequence[Feeds], threads: int) -> np.ndarray:
+    """What `model` (a file, or a graph in memory) computes over `batches` run as `variant` serves it
+    (tritonkit.serving.runtimes.VARIANTS), first output, concatenated."""
+    import tempfile
+
+    import onnx
+
+    from tritonkit.serving.runtimes import open_variant
+
+    with tempfile.TemporaryDirectory(prefix="tritonkit-variant-") as tmp:
+        path = model if isinstance(model, str | Path) else Path(tmp) / "candidate.onnx"
+        if not isinstance(model, str | Path):  # the runtimes open files
+            onnx.save(model, str(path))
+        output = onnx.load(str(path), load_external_data=False).graph.output[0].name
+        sess = open_variant(variant, Path(path), threads)
+        return np.concatenate([sess.run([output], b)[0] for b in batches])
+
+
+def cosine_min(x: np.ndarray, y: np.ndarray) -> float:
+    """The lowest cosine between matching rows of two outputs (each row flattened)."""
+    x, y = (np.asarray(a, np.float64).reshape(len(a), -1) for a in (x, y))
+    cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-30)
+    return float(cos.min())
 
 
 def reference(kind, fp32: Path, split: str, batches: Sequence[Feeds] | None = None) -> np.ndarray:

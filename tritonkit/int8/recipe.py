@@ -195,6 +195,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
             entry = {
                 "recipe": asdict(result.recipe) if result.recipe else None,
                 **({"speed_against": speed_variants[0]} if form == "served" else {}),
+                **({"int8_variant": result.int8_variant} if result.int8_variant else {}),
                 "status": "passed" if result.passed else FALLBACK,
                 "reason": result.reason,
                 "search_seconds": result.seconds,
@@ -278,7 +279,8 @@ def without_bf16(entry: dict) -> dict | None:
     if entry.get("status") != FALLBACK or not accurate or entry.get("speed_against") != BF16_COMPETITOR:
         return None
     return {**entry, "recipe": accurate["recipe"], "validation": accurate.get("validation") or {},
-            "status": "passed", "without_bf16": True}
+            "status": "passed", "without_bf16": True,
+            **({"int8_variant": accurate["int8_variant"]} if accurate.get("int8_variant") else {})}
 
 
 def served_label(name: str) -> str:

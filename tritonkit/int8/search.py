@@ -33,7 +33,7 @@ import numpy as np
 
 from tritonkit.errors import SearchError
 from tritonkit.int8.checks import int8_share
-from tritonkit.int8.evaluate import reference, run_batches, session
+from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference, run_batches, run_variant, session
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.int8.transforms import smoothable_tensors
 from tritonkit.kinds.gates import Target, missed
@@ -189,6 +189,8 @@ class SearchResult:
     # speed gate alone rejected it (recipe, validation, test, speed): a CPU that cannot run the FP32 competitor it
     # lost to races it there.
     accurate: dict | None = None
+    # The variant the speed gate timed the recipe's INT8 graph on (Search.int8_variant): a replay times it there.
+    int8_variant: str | None = None
 
     def to_json(self) -> dict:
         return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
@@ -215,6 +217,18 @@ class Evaluator:
 
     def metrics(self, model, exact: bool = False) -> dict[str, float]:
         return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))
+
+    def served_problems(self, model, variant: str, targets: Sequence[Target], threads: int,
+                        exact: bool = False) -> list[str]:
+        """What `model` misses run as `variant` serves it: `targets` against the FP32 outputs, and, where the search
+        judges exact int32 arithmetic (a CPU without VNNI), agreement with it (the runtime choice's two rules)."""
+        got = run_variant(variant, model, self.batches, threads)
+        problems = missed(targets, self.spec.gate_metrics(self.ref, got))
+        if exact:
+            agreement = cosine_min(got, run_batches(session(model, exact=True), self.batches))
+            if agreement < EXACT_COSINE:
+                problems.append(f"not exact int32 arithmetic: cosine min {agreement:.6f} (< {EXACT_COSINE})")
+        return problems
 
     def worst_rows(self, model, share: float = 0.01, exact: bool = False) -> dict[int, list[int]]:
         """{batch index: row indices} of the `share` of rows `model` gets most wrong (relative L2 error), so a
@@ -496,6 +510,7 @@ class Search:
         # built from its parameters (no calibration pass), as a replay builds it (Search.committed_first).
         self.committed = committed
         self._judged = False  # the committed candidate was measured: no start must run whatever the budget
+        self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def _prepare(self, r: Recipe):
@@ -944,10 +959,33 @@ class Search:
         """A candidate that held every accuracy gate on the whole split, timed as the speed gate judges it (nothing
         to time without one), the time kept as a speed step's."""
         t0 = time.perf_counter()
-        speed = self.candidate_speed(r) if self.check_speed else {}
+        speed = {}
+        if self.check_speed:
+            self._int8_variants[_key(r)] = self.int8_variant(r)
+            speed = self.candidate_speed(r)
         self._took("speed", time.perf_counter() - t0)
-        self.log(f"  {what} {r.describe()}: speed {_speed(speed)}")
+        self.log(f"  {what} {r.describe()}: speed {_speed(speed)}"
+                 + (f" (INT8 on {self._variants(r)[1]})" if self.check_speed else ""))
         return speed
+
+    def int8_variant(self, r: Recipe) -> str:
+        """The variant the speed gate times `r`'s INT8 graph on: the INT8 model's (speed_variants[1]) where `r` holds
+        the validation gates run so, else ONNX Runtime, where the search judged it. The runtime choice serves INT8
+        only where its gates hold: MPNet's 36 prior float nodes held under ONNX Runtime and passed the gate timed
+        on OpenVINO bf16, then missed there (float nodes in bf16) and served on OpenVINO f32, slower than FP32."""
+        variant = self.speed_variants[1]
+        if variant == DEFAULT:
+            return variant
+        problems = self.val.served_problems(self.build(r), variant, self.targets["validation"],
+                                            self.spec.SERVE_THREADS, exact=self.exact)
+        if not problems:
+            return variant
+        self.log(f"  {r.describe()} misses run as {variant} ({'; '.join(problems)}): timed on {DEFAULT}")
+        return DEFAULT
+
+    def _variants(self, r: Recipe) -> tuple[str, str]:
+        """(FP32's, INT8's) variants `r` is timed on: INT8's as int8_variant chose it, else the INT8 model's."""
+        return self.speed_variants[0], self._int8_variants.get(_key(r), self.speed_variants[1])
 
     def speed_ceiling(self) -> tuple[str, dict] | None:
         """(why, its timings) when no recipe can meet the speed gate, else None. The fastest start has every unit in
@@ -1276,10 +1314,10 @@ class Search:
             if slow:  # the accuracy gates held, at a price in float nodes the speed gate does not allow
                 r, sp = max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))
                 accurate = self._held_out(r, sp)
-                why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} against "
-                        f"FP32 on {self.speed_variants[0]}, not above the {self.spec.SPEED_TARGET.value}x speed gate "
-                        f"beyond the noise measured (95 % interval of the slowest batch size "
-                        f"{sp.get('int8_speedup_lo', 0):.2f}x and up)")
+                why += (f"; the fastest that met the accuracy gates ({r.describe()}) ran {_speed(sp)} on "
+                        f"{self._variants(r)[1]} against FP32 on {self.speed_variants[0]}, not above the "
+                        f"{self.spec.SPEED_TARGET.value}x speed gate beyond the noise measured (95 % interval of the "
+                        f"slowest batch size {sp.get('int8_speedup_lo', 0):.2f}x and up)")
             if self.walls:
                 w = self.walls[0]
                 why += (f"; the speed gate ended {len(self.walls)} fallback(s) first: {w['recipe']} missed the "
@@ -1330,11 +1368,12 @@ class Search:
                  + ("" if held else " (missed: not kept)"))
         if not held:
             return None
-        return {"recipe": asdict(r), "validation": self._split_metrics.get(_key(r), {}), "test": test, "speed": speed}
+        return {"recipe": asdict(r), "validation": self._split_metrics.get(_key(r), {}), "test": test, "speed": speed,
+                "int8_variant": self._variants(r)[1]}
 
     def candidate_speed(self, r: Recipe) -> dict[str, float]:
         """A candidate that holds every accuracy gate, timed as the gate judges it: every served batch size."""
-        return speedup(self.spec, self.fp32, self.build(r), self.spec.SPEED_BATCHES, variants=self.speed_variants,
+        return speedup(self.spec, self.fp32, self.build(r), self.spec.SPEED_BATCHES, variants=self._variants(r),
                        separate_from=self.spec.SPEED_TARGET.value)
 
     def _result(self, recipe, validation, test, speed, failed, t0, reason, chosen=None,
@@ -1348,7 +1387,8 @@ class Search:
                      f"'{self.cuts[0]['what']}' at {self.cuts[0]['at_s']:.0f} s of {self.budget_s:.0f} s")
         res = SearchResult(self.form, recipe, validation, test, speed, self.steps, self.sensitivity, failed,
                            round(time.perf_counter() - t0, 1), recipe is not None, reason, list(self.cuts),
-                           list(self.walls), accurate)
+                           list(self.walls), accurate,
+                           self._variants(recipe)[1] if recipe is not None and self.check_speed else None)
         if chosen is not None and recipe is None:
             res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
         return res

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
+from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min
 from tritonkit.serving import runtimes
 from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
 
@@ -228,11 +229,6 @@ def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[s
     return kind.gate_metrics(run(ref), run(got))
 
 
-# Without VNNI an INT8 file is served on a runtime only if it computes what exact int32 arithmetic of the file does:
-# float summation order moves an output row by ~1e-6 in cosine, saturating int16 pair sums by far more.
-EXACT_COSINE = 0.9999
-
-
 class ExactSession:
     """A file in exact int32 arithmetic (tritonkit.int8.evaluate.session(exact=True)) behind the runners' `run`."""
 
@@ -248,13 +244,7 @@ class ExactSession:
 
 def worst_cosine(a, b, output: str, feeds: list[dict]) -> float:
     """The lowest cosine between the rows two sessions (`run(names, feeds)`) give for the same feeds."""
-    worst = 1.0
-    for f in feeds:
-        x, y = (np.asarray(s.run([output], f)[0], np.float64) for s in (a, b))
-        x, y = x.reshape(len(x), -1), y.reshape(len(y), -1)
-        cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-30)
-        worst = min(worst, float(cos.min()))
-    return worst
+    return min(cosine_min(a.run([output], f)[0], b.run([output], f)[0]) for f in feeds)
 
 
 def exact_agreement(kind, path: Path, variant: str, threads: int) -> float:
