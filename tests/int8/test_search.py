@@ -1164,3 +1164,34 @@ def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_vari
     assert any(f"misses run as {int8_variant}" in line for line in logs) == (timed_on != int8_variant), logs
     assert any(line.endswith(f"(INT8 on {timed_on})") for line in logs), logs
     assert replay_variants((DEFAULT, int8_variant), {"int8_variant": result.int8_variant}) == (DEFAULT, timed_on)
+
+
+def test_a_build_graphs_fp32_reference_is_computed_once_across_processes(tiny, tmp_path, monkeypatch):
+    """evaluate.reference keeps a build output's FP32 outputs on disk, named by the graph's bytes and the split's
+    feeds: a later process (its in-memory cache empty) loads them without a run; another graph or other feeds run
+    again; a graph outside the build outputs (a test's) is not kept."""
+    import shutil
+
+    from tritonkit import paths
+
+    monkeypatch.setattr(paths, "BUILD_OUTPUTS", tmp_path / "build")
+    fp32 = tmp_path / "build" / "artifacts" / "tiny.onnx"
+    fp32.parent.mkdir(parents=True)
+    shutil.copy(tiny[0], fp32)
+    spec = TinySpec()
+    runs: list[int] = []
+    original = evaluate.run_batches
+    monkeypatch.setattr(evaluate, "run_batches", lambda sess, b: runs.append(len(b)) or original(sess, b))
+
+    first = evaluate.reference(spec, fp32, "validation")
+    assert runs == [4] and len(list((tmp_path / "build" / "cache" / "references").glob("*.npy"))) == 1
+    evaluate._REFERENCES.clear()  # a new process
+    again = evaluate.reference(spec, fp32, "validation")
+    assert runs == [4] and np.array_equal(first, again)
+    evaluate._REFERENCES.clear()
+    spec.data["validation"] = spec.data["validation"] * 0.5  # other feeds: measured again, the old file replaced
+    assert not np.array_equal(evaluate.reference(spec, fp32, "validation"), first) and runs == [4, 4]
+    assert len(list((tmp_path / "build" / "cache" / "references").glob("*.npy"))) == 1
+    evaluate._REFERENCES.clear()
+    evaluate.reference(spec, tiny[0], "validation")  # outside the build outputs: run, not kept
+    assert runs == [4, 4, 4] and len(list((tmp_path / "build" / "cache" / "references").glob("*.npy"))) == 1

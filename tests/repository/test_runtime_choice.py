@@ -1,5 +1,7 @@
 """When a committed runtime choice still speaks for a served file, and when it must be measured again."""
 
+import numpy as np
+
 from tritonkit.repository.runtime_choice import reusable
 
 RECORD = {"sha256": "aaa", "source": "src", "file": "model_repository/m/1/model.onnx", "threads": 2}
@@ -67,3 +69,24 @@ def test_exactness_is_measured_against_int32_arithmetic_of_the_same_file(tmp_pat
     served = runtimes.open_variant("onnxruntime", path, 1)
     assert worst_cosine(served, ExactSession(path), "y", feeds) >= EXACT_COSINE
     assert worst_cosine(served, ExactSession(other), "y", feeds) < 0.9
+
+
+def test_a_packed_file_is_scored_against_the_fp32_reference_in_its_texts_order():
+    """The runtime choice scores a packed file's embeddings (texts in arrival order) against the FP32 reference the
+    replay computed over eval_batches (texts length-sorted): rows put back in arrival order, the packed FP32 file
+    run on each runtime matches FP32 within the export tolerance; misordered rows would not (cosine ~0)."""
+    from tests.support.text_support import ensure_text_built
+    from tritonkit import data, kinds
+    from tritonkit.int8.evaluate import reference, session
+    from tritonkit.repository.runtime_choice import accuracy, served_file
+
+    built = ensure_text_built()
+    kind = kinds.get("text_embedding")
+    texts = data.eval_texts("test")
+    ordered = kind.arrival_order(reference(kind, built.fp32, "test"), texts)
+    assert np.allclose(ordered, kind.embed_onnx(session(built.fp32), texts), atol=1e-4)
+    packed = served_file(built.fp32)
+    assert packed.name.endswith(".packed.onnx"), packed
+    for variant in ("onnxruntime", "openvino"):
+        got = accuracy(kind, packed, built.fp32, variant, 2)
+        assert got["cosine_min"] >= kind.EXPORT.tolerance and got["texts"] == len(texts), (variant, got)

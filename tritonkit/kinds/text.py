@@ -275,17 +275,21 @@ class TextEmbedding(Kind):
                        f"{len(texts)} texts") if cos.min() < self.EXPORT.tolerance else ""
         else:
             texts = data.eval_texts("test")
-            if reference is None:
-                ref = self.embed_onnx(self.session(fp32), texts)
-            else:  # eval_batches' rows are the texts length-sorted (stable): put them back in arrival order
-                ref = np.empty_like(reference)
-                ref[sorted(range(len(texts)), key=lambda i: len(texts[i]))] = reference
+            ref = self.embed_onnx(self.session(fp32), texts) if reference is None else \
+                self.arrival_order(reference, texts)
             metrics = self.gate_metrics(ref, self.embed_packed(self.session(tmp), texts))
             problem = "; ".join(missed(targets, metrics))
         if problem:
             tmp.unlink()
             raise PackingError(f"{out.name}: {problem}")
         tmp.replace(out)
+        return out
+
+    @staticmethod
+    def arrival_order(rows: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+        """Outputs over `eval_batches` of `texts`' split (the texts length-sorted, stably) in the texts' order."""
+        out = np.empty_like(rows)
+        out[sorted(range(len(texts)), key=lambda i: len(texts[i]))] = rows
         return out
 
     def packed_feeds(self, texts: Sequence[str], balanced: bool = True, width_multiple: int = 1,

@@ -35,6 +35,11 @@ from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
 # Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
 # kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
 MIXES = 24
+# Mixes per timed sample: every mix runs once untimed per variant (the steady state), then each round times the
+# next SAMPLE_MIXES of them on every variant, so the rounds' medians compare the same inputs. A quarter of the mixes
+# times a round 3x faster than all of them (MPNet's encoder: minutes per file on 2 cores), and 7 rounds still cover
+# every mix.
+SAMPLE_MIXES = 6
 # OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
 # measured 1.04x and 1.05x in two runs a minute apart (models/image_classification.runtime.json history).
 MIN_GAIN = 1.10
@@ -185,10 +190,11 @@ def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndar
     return [kind.speed_feeds(batch)]
 
 
-def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05
-                  ) -> dict[str, dict[str, float]]:
-    """{variant: {"batch<n>": items/s}}: runs interleaved across variants, each sample looped to `min_sample_s`,
-    median of `repeats`."""
+def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05,
+                  sample_mixes: int | None = None) -> dict[str, dict[str, float]]:
+    """{variant: {"batch<n>": items/s}}: every mix run once per variant untimed, then `repeats` rounds, each timing
+    the next `sample_mixes` mixes (rotating) on every variant in turn, looped to `min_sample_s`; median of rounds."""
+    sample_mixes = sample_mixes or SAMPLE_MIXES
     runners = {v: open_variant(v, path, threads, kind.spec.serving.max_batch_size) for v in variants}
     out: dict[str, dict[str, float]] = {v: {} for v in runners}
     names = [_output(kind)]
@@ -198,35 +204,35 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
             for f in feeds[v]:
                 session.run(names, f)
         samples: dict[str, list[float]] = {v: [] for v in runners}
-        for _ in range(repeats):
+        for r in range(repeats):
             for v, session in runners.items():
+                mixes = [feeds[v][(r * sample_mixes + i) % len(feeds[v])] for i in range(sample_mixes)]
                 t0, n = time.perf_counter(), 0
                 while True:
-                    for f in feeds[v]:
+                    for f in mixes:
                         session.run(names, f)
                     n += 1
                     if time.perf_counter() - t0 >= min_sample_s:
                         break
-                samples[v].append(batch * len(feeds[v]) * n / (time.perf_counter() - t0))
+                samples[v].append(batch * len(mixes) * n / (time.perf_counter() - t0))
         for v in runners:
             out[v][f"batch{batch}"] = round(statistics.median(samples[v]), 2)
     return out
 
 
 def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[str, float]:
-    """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split."""
-    ref, got = open_variant(DEFAULT, fp32, threads), open_variant(variant, path, threads,
-                                                                  kind.spec.serving.max_batch_size)
+    """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split (FP32's
+    outputs computed once per process: the replay and the packed proof before it use the same)."""
+    from tritonkit.int8.evaluate import reference
+
+    got = open_variant(variant, path, threads, kind.spec.serving.max_batch_size)
+    ref = reference(kind, fp32, "test")
     if path.name.endswith(".packed.onnx"):
         from tritonkit import data
 
         texts = data.eval_texts("test")
-        return kind.gate_metrics(kind.embed_onnx(ref, texts), kind.embed_packed(got, texts))
-    batches = kind.eval_batches("test")
-
-    def run(session) -> np.ndarray:
-        return np.concatenate([session.run([_output(kind)], b)[0] for b in batches])
-    return kind.gate_metrics(run(ref), run(got))
+        return kind.gate_metrics(kind.arrival_order(ref, texts), kind.embed_packed(got, texts))
+    return kind.gate_metrics(ref, np.concatenate([got.run([_output(kind)], b)[0] for b in kind.eval_batches("test")]))
 
 
 class ExactSession:
