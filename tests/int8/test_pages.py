@@ -70,6 +70,6 @@ def test_the_docs_page_is_brief_and_names_the_recipes_cpu():
     page = pages.render_markdown(report, brief=True)
     assert "Made " not in page and "| start |" not in page
     assert "Kept in float (1): listed in `models/tiny.int8.json`" in page
-    assert "Search: 100.0 s, 1 steps (start 60 s, sensitivity 0 s, other 40 s); 1 cut by the budget" in page
+    assert "Search: 100.0 s, 1 step (start 60 s, sensitivity 0 s, other 40 s); 1 cut by the budget" in page
     assert "Recipe's CPU: the vnni search's accurate candidate; this CPU has no native bf16." in page
     assert "Made " in pages.render_markdown(report) and "| start |" in pages.render_markdown(report)

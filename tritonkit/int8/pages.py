@@ -67,7 +67,8 @@ def render_markdown(report: dict, brief: bool = False) -> str:
             lines += ["", "Missed: " + "; ".join(report["missed"])]
     search = report.get("search", {})
     if brief and search.get("steps"):
-        lines += ["", f"Search: {search.get('seconds')} s, {len(search['steps'])} steps ("
+        n = len(search["steps"])
+        lines += ["", f"Search: {search.get('seconds')} s, {n} step{'' if n == 1 else 's'} ("
                   + ", ".join(f"{k} {v:.0f} s" for k, v in stage_seconds(search).items())
                   + f"); {len(search.get('cuts') or [])} cut by the budget, {len(search.get('walls') or [])} ended "
                   "by the speed gate; every step in build/reports/ where it ran."]
