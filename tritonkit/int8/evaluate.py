@@ -39,21 +39,27 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
     return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
 
 
+def as_file(model, directory: Path) -> Path:
+    """`model` as a file the runtimes can open: itself when it is one, else saved in `directory`."""
+    import onnx
+
+    if isinstance(model, str | Path):
+        return Path(model)
+    path = Path(directory) / "candidate.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
 def run_variant(variant: str, model, batches: Sequence[Feeds], threads: int) -> np.ndarray:
     """What `model` (a file, or a graph in memory) computes over `batches` run as `variant` serves it
     (tritonkit.serving.runtimes.VARIANTS), first output, concatenated."""
     import tempfile
 
-    import onnx
-
     from tritonkit.serving.runtimes import open_variant
 
     with tempfile.TemporaryDirectory(prefix="tritonkit-variant-") as tmp:
-        path = model if isinstance(model, str | Path) else Path(tmp) / "candidate.onnx"
-        if not isinstance(model, str | Path):  # the runtimes open files
-            onnx.save(model, str(path))
-        output = onnx.load(str(path), load_external_data=False).graph.output[0].name
-        sess = open_variant(variant, Path(path), threads)
+        sess = open_variant(variant, as_file(model, Path(tmp)), threads)
+        output = sess.runner.output_names[0]
         return np.concatenate([sess.run([output], b)[0] for b in batches])
 
 
@@ -93,12 +99,12 @@ def cached_reference(kind, fp32: Path, split: str, batches: Sequence[Feeds]) -> 
     import json
 
     from tritonkit import envinfo, paths
+    from tritonkit.int8.params import file_digest
 
     where = Path(fp32).resolve()
     if not any(where.is_relative_to(d.resolve()) for d in (paths.BUILD_OUTPUTS, paths.MODEL_REPOSITORY)):
         return None
-    h = hashlib.sha256(Path(fp32).read_bytes())
-    h.update(json.dumps([split, envinfo.fingerprint()], sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps([file_digest(fp32), split, envinfo.fingerprint()], sort_keys=True).encode())
     for b in batches:
         for name in sorted(b):
             h.update(name.encode() + np.ascontiguousarray(b[name]).tobytes())

@@ -33,7 +33,7 @@ import numpy as np
 
 from tritonkit.errors import SearchError
 from tritonkit.int8.checks import int8_share
-from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference, run_batches, run_variant, session
+from tritonkit.int8.evaluate import EXACT_COSINE, as_file, cosine_min, reference, run_batches, run_variant, session
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.int8.transforms import smoothable_tensors
 from tritonkit.kinds.gates import Target, missed
@@ -277,12 +277,8 @@ def speedup(spec: SearchSpec, fp32: Path, model, batches: Sequence[int], repeats
 
     Each sample loops a run until it lasts `min_sample_s`: a small model's single run takes tens of microseconds,
     where the timer and the scheduler decide the ratio."""
-    import onnx
-
     with tempfile.TemporaryDirectory(prefix="tritonkit-speed-") as tmp:
-        if not isinstance(model, str | Path):  # a candidate built in memory: the runtimes open files
-            onnx.save(model, str(Path(tmp) / "candidate.onnx"))
-            model = Path(tmp) / "candidate.onnx"
+        model = as_file(model, Path(tmp))  # a candidate built in memory: the runtimes open files
         sessions = {"fp32": open_variant(variants[0], fp32, spec.SERVE_THREADS),
                     "int8": open_variant(variants[1], model, spec.SERVE_THREADS)}
         return _timed(spec, sessions, batches, repeats, min_sample_s, separate_from)

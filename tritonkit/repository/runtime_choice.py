@@ -37,7 +37,7 @@ from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
 MIXES = 24
 # Mixes per timed sample: every mix runs once untimed per variant (the steady state), then each round times the
 # next SAMPLE_MIXES of them on every variant, so the rounds' medians compare the same inputs. A quarter of the mixes
-# times a round 3x faster than all of them (MPNet's encoder: minutes per file on 2 cores), and 7 rounds still cover
+# times MPNet's FP32 file in 89 s, all of them in 246 s (perf/bench_runtime_choice.py), and 7 rounds still cover
 # every mix.
 SAMPLE_MIXES = 6
 # OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
@@ -190,11 +190,11 @@ def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndar
     return [kind.speed_feeds(batch)]
 
 
-def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05,
-                  sample_mixes: int | None = None) -> dict[str, dict[str, float]]:
+def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05
+                  ) -> dict[str, dict[str, float]]:
     """{variant: {"batch<n>": items/s}}: every mix run once per variant untimed, then `repeats` rounds, each timing
-    the next `sample_mixes` mixes (rotating) on every variant in turn, looped to `min_sample_s`; median of rounds."""
-    sample_mixes = sample_mixes or SAMPLE_MIXES
+    the next SAMPLE_MIXES mixes (rotating) on every variant in turn, looped to `min_sample_s`; median of rounds."""
+    sample_mixes = SAMPLE_MIXES  # read at each call: perf/bench_runtime_choice.py sets it
     runners = {v: open_variant(v, path, threads, kind.spec.serving.max_batch_size) for v in variants}
     out: dict[str, dict[str, float]] = {v: {} for v in runners}
     names = [_output(kind)]
@@ -226,13 +226,14 @@ def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[s
     from tritonkit.int8.evaluate import reference
 
     got = open_variant(variant, path, threads, kind.spec.serving.max_batch_size)
-    ref = reference(kind, fp32, "test")
+    batches = kind.eval_batches("test")
+    ref = reference(kind, fp32, "test", batches)
     if path.name.endswith(".packed.onnx"):
         from tritonkit import data
 
         texts = data.eval_texts("test")
         return kind.gate_metrics(kind.arrival_order(ref, texts), kind.embed_packed(got, texts))
-    return kind.gate_metrics(ref, np.concatenate([got.run([_output(kind)], b)[0] for b in kind.eval_batches("test")]))
+    return kind.gate_metrics(ref, np.concatenate([got.run([_output(kind)], b)[0] for b in batches]))
 
 
 class ExactSession:
