@@ -1,13 +1,14 @@
 """`make build` of a sentence-transformers encoder the project does not ship, end to end, timed per stage.
 
-    python perf/bench_new_model.py [--layers 4] [--minutes M]
+    python perf/bench_new_model.py [--like text_embedding|all_mpnet_base_v2] [--layers N] [--minutes M]
 
-The encoder is all-MiniLM-L6-v2's own weights cut to its first `--layers` layers (a model of real weights whose
-recipe, floors and runtime choice nobody committed). Its spec, repository and build outputs live in a temporary
-tree (TRITONKIT_SPECS / _MODEL_REPOSITORY / _BUILD_OUTPUTS), so the checkout is untouched. The build is the user's
-command, `python -m tritonkit.build <name>` (as `make build MODEL=<name>`), which searches because no recipe is
-committed; `--minutes` passes its budget. Prints the total, the seconds between the build's stage lines, and each
-form's outcome; the build's stamped log goes to build/reports/bench_new_model.log.
+The encoder is a shipped encoder's own weights (`--like`: all-MiniLM-L6-v2, 6 x 384, cut to 4 layers by default; or
+all-mpnet-base-v2, 12 x 768, a base-size model, whole by default) cut to its first `--layers` layers: a model of
+real weights whose recipe, floors and runtime choice nobody committed. Its spec, repository and build outputs live
+in a temporary tree (TRITONKIT_SPECS / _MODEL_REPOSITORY / _BUILD_OUTPUTS), so the checkout is untouched. The build
+is the user's command, `python -m tritonkit.build <name>` (as `make build MODEL=<name>`), which searches because no
+recipe is committed; `--minutes` passes its budget. Prints the total, the seconds between the build's stage lines,
+and each form's outcome; the build's stamped log goes to build/reports/bench_new_model_<like>.log.
 """
 
 from __future__ import annotations
@@ -30,30 +31,38 @@ STAGES = {"export": "exporting", "search served (with its bf16 floor)": "searchi
           "runtime choice": "timing ", "done": "done ("}
 
 
-def make_source(directory: Path, layers: int) -> Path:
+# Layers kept when --layers is not given, per shipped encoder.
+DEFAULT_LAYERS = {"text_embedding": 4, "all_mpnet_base_v2": None}
+
+
+def make_source(directory: Path, like: str, layers: int | None) -> Path:
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(kinds.get("text_embedding").model_dir()), device="cpu")
-    bert = model[0].auto_model
-    bert.encoder.layer = bert.encoder.layer[:layers]
-    bert.config.num_hidden_layers = layers
+    model = SentenceTransformer(str(kinds.get(like).model_dir()), device="cpu")
+    encoder = model[0].auto_model
+    if layers is not None:
+        encoder.encoder.layer = encoder.encoder.layer[:layers]
+        encoder.config.num_hidden_layers = layers
     model.save(str(directory))
     return directory
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--like", choices=sorted(DEFAULT_LAYERS), default="text_embedding",
+                        help="whose weights (and architecture) the new model has")
+    parser.add_argument("--layers", type=int, help="keep the first N layers (default: 4 of MiniLM, all of MPNet)")
     parser.add_argument("--minutes", type=float, help="the build's search budget (default: the build's own)")
     args = parser.parse_args()
-    log_path = paths.REPORTS / "bench_new_model.log"
+    layers = args.layers if args.layers is not None else DEFAULT_LAYERS[args.like]
+    log_path = paths.REPORTS / f"bench_new_model_{args.like}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-bench-new-model-") as tmp:
         tree = Path(tmp)
         env = {**os.environ, "TRITONKIT_SPECS": str(tree / "models"),
                "TRITONKIT_MODEL_REPOSITORY": str(tree / "model_repository"),
                "TRITONKIT_BUILD_OUTPUTS": str(tree / "build")}
-        source = make_source(tree / "source", args.layers)
+        source = make_source(tree / "source", args.like, layers)
         subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", NAME,
                         "--source", str(source)], env=env, check=True)
         command = [sys.executable, "-m", "tritonkit.build", NAME, "--no-progress"]
@@ -77,7 +86,7 @@ def main() -> int:
     order = sorted(starts.items(), key=lambda kv: kv[1])
     spans = {stage: round((order[i + 1][1] if i + 1 < len(order) else total) - at, 1)
              for i, (stage, at) in enumerate(order)}
-    print(json.dumps({"layers": args.layers, "returncode": proc.returncode, "total_s": round(total, 1),
+    print(json.dumps({"like": args.like, "layers": layers, "returncode": proc.returncode, "total_s": round(total, 1),
                       "stage_s": spans, "outcome": outcome, "log": paths.rel(log_path)}, indent=2))
     return proc.returncode
 

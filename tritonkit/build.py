@@ -250,8 +250,10 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     build_packed(kind, served.path, fp32 if served.status == "passed" else None)
     from tritonkit.repository import runtime_choice
 
+    # A build that searched keeps its budget to the end: the runtime choice fits in what is left of it.
+    deadline = t0 + search_budget_s if searched and search_budget_s else None
     runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
-                          log=_log)
+                          log=_log, deadline=deadline)
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
     if searched:

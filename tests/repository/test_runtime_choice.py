@@ -17,6 +17,56 @@ def test_a_change_of_threads_file_or_contents_is_measured_again():
     assert not reusable(RECORD, "aaa", "src", RECORD["file"], 1)  # the spec now serves it on one thread
     assert not reusable(RECORD, "aaa", "src", "model_repository/m/1/model.packed.onnx", 2)
     assert not reusable(RECORD, "new", "new", RECORD["file"], 2)
+    assert not reusable({**RECORD, "budget_cut": "not measured"}, "aaa", "src", RECORD["file"], 2)  # measured whole
+
+
+def test_a_budget_cuts_the_timed_rounds_to_what_fits():
+    """A round times SAMPLE_MIXES mixes on every variant (at least min_sample_s each); every further mix it uses is
+    warmed first. From the warm-up's times, the most rounds whose total fits, never under MIN_ROUNDS."""
+    from tritonkit.repository.runtime_choice import MIN_ROUNDS, MIXES, ROUNDS, SAMPLE_MIXES, fit_rounds
+
+    warm = {"onnxruntime": 0.6, "openvino": 1.2}
+
+    def cost(rounds):  # seconds after the warm-up of the first SAMPLE_MIXES mixes
+        return (min(MIXES, rounds * SAMPLE_MIXES) - SAMPLE_MIXES) * 1.8 / SAMPLE_MIXES + rounds * 1.8
+
+    assert fit_rounds(warm, 1e9, ROUNDS, 0.05) == ROUNDS
+    assert fit_rounds(warm, 0.0, ROUNDS, 0.05) == MIN_ROUNDS  # a median still
+    for rounds in range(MIN_ROUNDS + 1, ROUNDS + 1):
+        assert fit_rounds(warm, cost(rounds), ROUNDS, 0.05) == rounds
+        assert fit_rounds(warm, cost(rounds) - 0.01, ROUNDS, 0.05) == rounds - 1
+    assert fit_rounds({"onnxruntime": 0.0}, 3 * 0.05, ROUNDS, 0.05) == 3  # each sample loops to min_sample_s
+
+
+def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tmp_path):
+    """Past a build's deadline a file is not timed: ONNX Runtime serves it and the record says the budget cut it.
+    Within a deadline it is timed in the rounds that fit, and the cut record is not reused. On the real text build,
+    with the spec copied so that the choice file is written beside the copy."""
+    import json
+    import shutil
+    import time
+
+    from tests.support.text_support import ensure_text_built
+    from tritonkit import envinfo, kinds, paths
+    from tritonkit.repository.runtime_choice import MIN_ROUNDS, ROUNDS, choice_path, choose
+
+    built = ensure_text_built()
+    shutil.copy(paths.SPECS / "text_embedding.toml", tmp_path / "text_embedding.toml")
+    kind = kinds.get("text_embedding", tmp_path)
+    assert choice_path(kind).parent == tmp_path
+    logged = []
+    entry = choose(kind, built.fp32, None, log=logged.append, deadline=time.perf_counter() - 1)
+    cut = entry["models"][kind.FP32_MODEL]
+    assert cut["runtime"] == "onnxruntime" and "budget" in cut["budget_cut"] and "items_per_s" not in cut
+    assert any("not started" in line and "--choose-runtime" in line for line in logged), logged
+    entry = choose(kind, built.fp32, None, log=logged.append, deadline=time.perf_counter() + 20)
+    record = entry["models"][kind.FP32_MODEL]
+    assert set(record["items_per_s"]) == {"onnxruntime", "openvino"}
+    rounds = record.get("rounds", {})  # given where the budget cut a batch size's rounds
+    assert all(MIN_ROUNDS <= r <= ROUNDS for r in rounds.values()) and (not rounds or min(rounds.values()) < ROUNDS)
+    if record.get("budget_cut"):  # OpenVINO won by the margin, but its accuracy check did not fit
+        assert record["runtime"] == "onnxruntime" and "not started" in record["budget_cut"]
+    assert json.loads(choice_path(kind).read_text())["classes"][envinfo.int8_class()] == entry
 
 
 def test_the_served_int8_precision_follows_the_chosen_variant(monkeypatch):

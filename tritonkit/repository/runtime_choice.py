@@ -40,6 +40,11 @@ MIXES = 24
 # times MPNet's FP32 file in 89 s, all of them in 246 s (perf/bench_runtime_choice.py), and 7 rounds still cover
 # every mix.
 SAMPLE_MIXES = 6
+# Timed rounds per batch size, and the fewest a build's budget may cut them to (a median still).
+ROUNDS = 7
+MIN_ROUNDS = 3
+# Of a file's share of a build's budget, what the timing may take; the rest is for the accuracy checks.
+TIMING_SHARE = 0.6
 # OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
 # measured 1.04x and 1.05x in two runs a minute apart (models/image_classification.runtime.json history).
 MIN_GAIN = 1.10
@@ -190,23 +195,50 @@ def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndar
     return [kind.speed_feeds(batch)]
 
 
-def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = 7, min_sample_s: float = 0.05
+def fit_rounds(warm: dict[str, float], budget_s: float, most: int, min_sample_s: float) -> int:
+    """The most timed rounds (MIN_ROUNDS..`most`) that fit in `budget_s`, from what warming SAMPLE_MIXES mixes took
+    per variant (`warm`): a round times that many mixes on every variant, and each further mix it uses is warmed
+    first. An overestimate where OpenVINO prepared kernels in the warm-up: the cut errs towards fewer rounds."""
+    per_round = sum(max(min_sample_s, w) for w in warm.values())
+    per_mix = sum(warm.values()) / SAMPLE_MIXES
+    for rounds in range(most, MIN_ROUNDS, -1):
+        if (min(MIXES, rounds * SAMPLE_MIXES) - SAMPLE_MIXES) * per_mix + rounds * per_round <= budget_s:
+            return rounds
+    return min(MIN_ROUNDS, most)
+
+
+def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = ROUNDS,
+                  min_sample_s: float = 0.05, budget_s: float | None = None, rounds_used: dict | None = None
                   ) -> dict[str, dict[str, float]]:
-    """{variant: {"batch<n>": items/s}}: every mix run once per variant untimed, then `repeats` rounds, each timing
-    the next SAMPLE_MIXES mixes (rotating) on every variant in turn, looped to `min_sample_s`; median of rounds."""
+    """{variant: {"batch<n>": items/s}}: every mix a round will time run once per variant untimed, then `repeats`
+    rounds, each timing the next SAMPLE_MIXES mixes (rotating) on every variant in turn, looped to `min_sample_s`;
+    median of rounds. `budget_s`: seconds the whole measurement may take, shared evenly by the batch sizes left;
+    their rounds are cut to fit (fit_rounds) and written to `rounds_used` by batch size."""
     sample_mixes = SAMPLE_MIXES  # read at each call: perf/bench_runtime_choice.py sets it
+    started = time.perf_counter()
     runners = {v: open_variant(v, path, threads, kind.spec.serving.max_batch_size) for v in variants}
     out: dict[str, dict[str, float]] = {v: {} for v in runners}
     names = [_output(kind)]
-    for batch in batches:
+    for i, batch in enumerate(batches):
         feeds = {v: _feeds(kind, path, batch, v) for v in runners}
-        for v, session in runners.items():  # every shape once before timing: the server's steady state
-            for f in feeds[v]:
+        warm = {}
+        for v, session in runners.items():  # every shape timed runs once before: the server's steady state
+            t0 = time.perf_counter()
+            for f in feeds[v][:sample_mixes]:
+                session.run(names, f)
+            warm[v] = time.perf_counter() - t0
+        rounds = repeats
+        if budget_s is not None:
+            share = (budget_s - (time.perf_counter() - started)) / (len(batches) - i)
+            rounds = fit_rounds(warm, share, repeats, min_sample_s)
+        used = min(MIXES, max(rounds * sample_mixes, sample_mixes))
+        for v, session in runners.items():
+            for f in feeds[v][sample_mixes:used]:
                 session.run(names, f)
         samples: dict[str, list[float]] = {v: [] for v in runners}
-        for r in range(repeats):
+        for r in range(rounds):
             for v, session in runners.items():
-                mixes = [feeds[v][(r * sample_mixes + i) % len(feeds[v])] for i in range(sample_mixes)]
+                mixes = [feeds[v][(r * sample_mixes + j) % used] for j in range(sample_mixes)]
                 t0, n = time.perf_counter(), 0
                 while True:
                     for f in mixes:
@@ -217,16 +249,25 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
                 samples[v].append(batch * len(mixes) * n / (time.perf_counter() - t0))
         for v in runners:
             out[v][f"batch{batch}"] = round(statistics.median(samples[v]), 2)
+        if rounds_used is not None:
+            rounds_used[f"batch{batch}"] = rounds
     return out
 
 
-def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int) -> dict[str, float]:
+def check_seconds(kind, batches, items_per_s: dict[str, float]) -> float:
+    """About how long accuracy() takes on a variant that ran `items_per_s` (its largest timed batch's rate): the
+    test split's rows at that rate."""
+    rows = sum(len(next(iter(b.values()))) for b in batches)
+    return rows / max(items_per_s[max(items_per_s, key=lambda b: int(b.removeprefix("batch")))], 1e-9)
+
+
+def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int, batches=None) -> dict[str, float]:
     """The kind's gate metrics of `path` run as `variant` against `fp32` under ONNX Runtime, test split (FP32's
     outputs computed once per process: the replay and the packed proof before it use the same)."""
     from tritonkit.int8.evaluate import reference
 
     got = open_variant(variant, path, threads, kind.spec.serving.max_batch_size)
-    batches = kind.eval_batches("test")
+    batches = kind.eval_batches("test") if batches is None else batches
     ref = reference(kind, fp32, "test", batches)
     if path.name.endswith(".packed.onnx"):
         from tritonkit import data
@@ -287,28 +328,35 @@ def served_threads(kind, model: str) -> int:
 def reusable(old: dict | None, digest: str, source: str, served: str, threads: int) -> bool:
     """Whether a committed record still speaks for the file: the same file (or the same INT8 sources), timed at the
     threads per instance it is served with now (a spec that changes them changes which runtime wins)."""
-    if not old:
+    if not old or old.get("budget_cut"):  # cut short by a build's budget: the next build measures it whole
         return False
     same = digest == old.get("sha256") or source == old.get("source")
     return same and old.get("file") == served and old.get("threads") == threads
 
 
-def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str) -> dict:
+def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str,
+                 deadline: float | None = None) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
-    serves; otherwise ONNX Runtime."""
+    serves; otherwise ONNX Runtime. `deadline` (time.perf_counter): the timing takes TIMING_SHARE of what is left
+    (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
+    the record's `budget_cut` says so (a later build measures again, reusable)."""
     from tritonkit.int8 import floor
     from tritonkit.kinds.gates import Target, missed
 
     threads = served_threads(kind, model)
     file = served_file(path)
     variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
-    speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads)
+    budget = None if deadline is None else max(deadline - time.perf_counter(), 0.0) * TIMING_SHARE
+    rounds: dict[str, int] = {}
+    speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, budget_s=budget, rounds_used=rounds)
     # The geometric mean over the served batch sizes: no single batch size decides.
     gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
              for v in variants}
     record = {"file": paths.rel(file), "sha256": digest, "threads": threads, "items_per_s": speed,
               "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {}}
+    if any(r < ROUNDS for r in rounds.values()):
+        record["rounds"] = rounds
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
     # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.floor).
     if gated:
@@ -316,12 +364,19 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     else:
         text = hasattr(kind, "DIM")
         targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
-    runtime, reasons = DEFAULT, []
+    runtime, reasons, batches = DEFAULT, [], kind.eval_batches("test")
     for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
         if gains[variant] < MIN_GAIN:
             reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
             break
-        metrics = accuracy(kind, file, fp32, variant, threads)
+        if deadline is not None:
+            need, left = check_seconds(kind, batches, speed[variant]), deadline - time.perf_counter()
+            if need > left:
+                record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x, its accuracy check (about {need:.0f} s) "
+                                        f"not started: {max(left, 0.0):.0f} s of the build's budget left")
+                reasons.append(record["budget_cut"])
+                break
+        metrics = accuracy(kind, file, fp32, variant, threads, batches)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
         problems = missed(targets, metrics)
         if gated and not envinfo.int8_sums_exact() and VARIANTS[variant][0] != DEFAULT:
@@ -342,9 +397,12 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     return record
 
 
-def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) -> dict:
+def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, deadline: float | None = None
+           ) -> dict:
     """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
-    returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime)."""
+    returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime). `deadline`
+    (time.perf_counter), a build's budget: the files to measure share what is left evenly, the INT8 name (what a
+    client calls by default) first; a file the deadline has passed is not measured and serves ONNX Runtime."""
     if kind.spec.file is None:
         return {}
     data = load(kind)
@@ -356,10 +414,10 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
             "--choose-runtime` and commit it")
         return {}
     current = data["classes"].get(cpu_class, {})
-    files = {kind.FP32_MODEL: (fp32, False)}
-    if int8 is not None and int8.exists():
-        files[kind.INT8_MODEL] = (int8, True)
+    files = {kind.INT8_MODEL: (int8, True)} if int8 is not None and int8.exists() else {}
+    files[kind.FP32_MODEL] = (fp32, False)
     records = dict(current.get("models", {}))
+    measured = {}
     for model, (path, gated) in files.items():
         old, served = records.get(model), paths.rel(served_file(path))
         digest, source = _digest(path), source_digest(kind, gated, cpu_class)
@@ -369,8 +427,22 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print) 
             log(f"{kind.NAME}: {model} runs on {old['runtime']} (committed for {cpu_class}: {old['reason']})"
                 + (f"; on {here} here, a CPU without native bf16" if here != old["runtime"] else ""))
             continue
-        log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}")
-        records[model] = {**choose_model(kind, model, path, fp32, gated, digest), "source": source}
+        measured[model] = (path, gated, digest, source)
+    for i, (model, (path, gated, digest, source)) in enumerate(measured.items()):
+        served, end = paths.rel(served_file(path)), None
+        if deadline is not None:
+            now = time.perf_counter()
+            end = now + (deadline - now) / (len(measured) - i)
+            if end <= now:
+                cut = "not measured: the build's budget was spent"
+                records[model] = {"file": served, "sha256": digest, "threads": served_threads(kind, model),
+                                  "runtime": DEFAULT, "reason": cut, "budget_cut": cut, "source": source}
+                log(f"{kind.NAME}: budget: timing {served} not started; {model} → {DEFAULT}. Measure with `python -m "
+                    f"tritonkit.build {kind.NAME} --choose-runtime`")
+                continue
+        log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}"
+            + ("" if end is None else f" (within {end - time.perf_counter():.0f} s of the build's budget)"))
+        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
         data["classes"][cpu_class] = {
