@@ -260,7 +260,8 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
     monkeypatch.setattr(recipe, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")  # the fp16 floor runs on any CPU
     out = tmp_path / "served.onnx"
-    entry = {"recipe": None, "status": recipe.FALLBACK, "reason": result.reason}
+    # As recipe.search records it: a fallback's replay reports the floor its search measured, and measures none.
+    entry = {"recipe": None, "status": recipe.FALLBACK, "reason": result.reason, "floor": half}
     outcome = recipe.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
     assert outcome.status == recipe.FALLBACK
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map

@@ -1029,7 +1029,7 @@ def test_a_build_that_searches_keeps_its_budget_end_to_end():
     # 15 min, 25 s of export spent: the search gets the rest less the share kept for replays and runtime choice.
     assert recipe.search_budget_s(900, 25) == pytest.approx(900 * (1 - recipe.AFTER_SEARCH_SHARE) - 25)
     assert recipe.search_budget_s(900, 25) < 900 - 25
-    assert recipe.search_budget_s(900, 1000) == 1.0  # spent before the search: its first start only
+    assert recipe.search_budget_s(900, 1000) == 1.0  # spent before the search: form_cut then starts nothing
     assert recipe.search_budget_s(None, 25) is None
 
 
@@ -1195,3 +1195,53 @@ def test_a_build_graphs_fp32_reference_is_computed_once_across_processes(tiny, t
     evaluate._REFERENCES.clear()
     evaluate.reference(spec, tiny[0], "validation")  # outside the build outputs: run, not kept
     assert runs == [4, 4, 4] and len(list((tmp_path / "build" / "cache" / "references").glob("*.npy"))) == 1
+
+
+def test_a_form_whose_floor_and_first_start_would_not_fit_is_not_searched(tiny, tmp_path):
+    """A build's budget holds for a model of any size: a form's half-precision floor (the FP32 references not yet
+    computed, then a run at its precision) and first start are estimated from the FP32 graph's seconds a row, and a
+    form they would not fit in is not started; it records an FP32 fallback that names the budget and the command."""
+    import shutil
+
+    from tritonkit.int8 import evaluate, floor, recipe
+
+    path, _ = tiny
+    spec = TinySpec()
+    fresh = tmp_path / "tiny.onnx"  # a graph no test computed references of
+    shutil.copy(path, fresh)
+    rows = {s: sum(len(b["x"]) for b in spec.eval_batches(s)) for s in ("validation", "test")}
+    cold = sum(rows.values()) * (floor.PRECISION_COST + 1.0)
+    assert floor.estimate_s(spec, fresh, "bf16", row_s=1.0) == pytest.approx(cold)
+    evaluate.reference(spec, fresh, "validation")
+    evaluate.reference(spec, fresh, "test")
+    warm = sum(rows.values()) * floor.PRECISION_COST
+    assert floor.estimate_s(spec, fresh, "bf16", row_s=1.0) == pytest.approx(warm)
+    start = recipe.START_PASSES * rows["validation"]
+    assert recipe.form_cut(spec, fresh, "served", warm + start, row_s=1.0) is None
+    cut = recipe.form_cut(spec, fresh, "tensorrt", warm + start - 1.0, row_s=1.0)
+    assert cut is not None and cut.recipe is None and not cut.passed and cut.form == "int8"
+    assert "budget cut the tensorrt search" in cut.reason and "make int8-search MODEL=tiny FORM=tensorrt" in cut.reason
+    assert cut.cuts[0]["stage"] == "form" and cut.cuts[0]["estimate_s"] == pytest.approx(warm + start, abs=0.1)
+    assert floor.row_seconds(spec, fresh) > 0.0
+
+
+@pytest.mark.parametrize("gate, decided", [(100.0, True), (0.01, False)])
+def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_floor(tiny, gate, decided):
+    """Before the served form's floor or any calibration pass, every start is built from two calibration batches
+    (a graph's speed does not depend on its ranges) and timed: where even the fastest cannot meet the speed gate the
+    form ends there; else the search goes on, with none of the probe's ranges in its workspace."""
+    from tritonkit.int8 import recipe
+
+    path, _ = tiny
+    spec = TinySpec()
+    spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=gate)
+    workspace = search.Workspace()
+    try:
+        got = recipe.speed_probe(spec, path, ["int8", "uint8"], workspace, (search.DEFAULT, search.DEFAULT), False)
+        assert (got is not None) == decided
+        if decided:
+            assert got.recipe is None and not got.passed and "can meet the speed gate" in got.reason
+            assert got.speed["int8_speedup"] < gate and got.form == "int8/uint8"
+        assert workspace.prepared and not workspace.ranges and not workspace.stats  # graphs shared, ranges not
+    finally:
+        workspace.close()

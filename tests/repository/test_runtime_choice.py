@@ -1,6 +1,7 @@
 """When a committed runtime choice still speaks for a served file, and when it must be measured again."""
 
 import numpy as np
+import pytest
 
 from tritonkit.repository.runtime_choice import reusable
 
@@ -21,21 +22,28 @@ def test_a_change_of_threads_file_or_contents_is_measured_again():
 
 
 def test_a_budget_cuts_the_timed_rounds_to_what_fits():
-    """A round times SAMPLE_MIXES mixes on every variant (at least min_sample_s each); every further mix it uses is
-    warmed first. From the warm-up's times, the most rounds whose total fits, never under MIN_ROUNDS."""
-    from tritonkit.repository.runtime_choice import MIN_ROUNDS, MIXES, ROUNDS, SAMPLE_MIXES, fit_rounds
+    """A round times SAMPLE_MIXES mixes on every variant (at least min_sample_s each); every further mix the rounds
+    rotate through is warmed first. From the warm-up's times, the most rounds whose total fits; where none does with
+    more mixes, the rounds re-time the warmed ones; never under MIN_ROUNDS."""
+    from tritonkit.repository.runtime_choice import MIN_ROUNDS, MIXES, ROUNDS, SAMPLE_MIXES, BudgetSpent, fit_rounds
 
     warm = {"onnxruntime": 0.6, "openvino": 1.2}
 
-    def cost(rounds):  # seconds after the warm-up of the first SAMPLE_MIXES mixes
-        return (min(MIXES, rounds * SAMPLE_MIXES) - SAMPLE_MIXES) * 1.8 / SAMPLE_MIXES + rounds * 1.8
+    def cost(rounds, mixes):  # seconds after the warm-up of the first SAMPLE_MIXES mixes
+        return (mixes - SAMPLE_MIXES) * 1.8 / SAMPLE_MIXES + rounds * 1.8
 
-    assert fit_rounds(warm, 1e9, ROUNDS, 0.05) == ROUNDS
-    assert fit_rounds(warm, 0.0, ROUNDS, 0.05) == MIN_ROUNDS  # a median still
-    for rounds in range(MIN_ROUNDS + 1, ROUNDS + 1):
-        assert fit_rounds(warm, cost(rounds), ROUNDS, 0.05) == rounds
-        assert fit_rounds(warm, cost(rounds) - 0.01, ROUNDS, 0.05) == rounds - 1
-    assert fit_rounds({"onnxruntime": 0.0}, 3 * 0.05, ROUNDS, 0.05) == 3  # each sample loops to min_sample_s
+    assert fit_rounds(warm, 1e9, ROUNDS, 0.05) == (ROUNDS, MIXES)
+    with pytest.raises(BudgetSpent, match="3 timed rounds need about 5 s"):  # a median of fewer is not measured
+        fit_rounds(warm, cost(MIN_ROUNDS, SAMPLE_MIXES) - 0.01, ROUNDS, 0.05)
+    assert fit_rounds(warm, cost(MIN_ROUNDS, SAMPLE_MIXES), ROUNDS, 0.05) == (MIN_ROUNDS, SAMPLE_MIXES)
+    for rounds in range(MIN_ROUNDS, ROUNDS + 1):
+        rotating = min(MIXES, rounds * SAMPLE_MIXES)
+        assert fit_rounds(warm, cost(rounds, rotating), ROUNDS, 0.05) == (rounds, rotating)
+    # Under the cheapest rotating plan: the warmed mixes alone, as many rounds as fit.
+    budget = cost(MIN_ROUNDS, MIN_ROUNDS * SAMPLE_MIXES) - 0.01
+    fitting = max(r for r in range(MIN_ROUNDS, ROUNDS + 1) if cost(r, SAMPLE_MIXES) <= budget)
+    assert fit_rounds(warm, budget, ROUNDS, 0.05) == (fitting, SAMPLE_MIXES)
+    assert fit_rounds({"onnxruntime": 0.0}, 3 * 0.05, ROUNDS, 0.05) == (3, 3 * SAMPLE_MIXES)  # min_sample_s a sample
 
 
 def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tmp_path):
@@ -59,7 +67,7 @@ def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tm
     cut = entry["models"][kind.FP32_MODEL]
     assert cut["runtime"] == "onnxruntime" and "budget" in cut["budget_cut"] and "items_per_s" not in cut
     assert any("not started" in line and "--choose-runtime" in line for line in logged), logged
-    entry = choose(kind, built.fp32, None, log=logged.append, deadline=time.perf_counter() + 20)
+    entry = choose(kind, built.fp32, None, log=logged.append, deadline=time.perf_counter() + 60)
     record = entry["models"][kind.FP32_MODEL]
     assert set(record["items_per_s"]) == {"onnxruntime", "openvino"}
     rounds = record.get("rounds", {})  # given where the budget cut a batch size's rounds

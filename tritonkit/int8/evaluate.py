@@ -74,8 +74,7 @@ def reference(kind, fp32: Path, split: str, batches: Sequence[Feeds] | None = No
     """The FP32 graph's outputs over `kind.eval_batches(split)` (rows in that order), computed once per process and
     file version; `batches` when the caller already holds that split's batches. A project build's graph keeps them
     on disk too (cached_reference): MPNet's cost ~2 minutes a split on 2 cores, in every search and replay."""
-    stat = Path(fp32).stat()
-    key = (getattr(kind, "NAME", id(kind)), str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, split)
+    key = _reference_key(kind, fp32, split)
     if key not in _REFERENCES:
         batches = batches if batches is not None else kind.eval_batches(split)
         file = cached_reference(kind, fp32, split, batches)
@@ -89,6 +88,19 @@ def reference(kind, fp32: Path, split: str, batches: Sequence[Feeds] | None = No
                     old.unlink()
                 np.save(file, _REFERENCES[key])
     return _REFERENCES[key]
+
+
+def _reference_key(kind, fp32: Path, split: str) -> tuple:
+    stat = Path(fp32).stat()
+    return getattr(kind, "NAME", id(kind)), str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, split
+
+
+def reference_ready(kind, fp32: Path, split: str, batches: Sequence[Feeds] | None = None) -> bool:
+    """Whether reference() would return without running the graph (computed in this process, or kept on disk)."""
+    if _reference_key(kind, fp32, split) in _REFERENCES:
+        return True
+    file = cached_reference(kind, fp32, split, batches if batches is not None else kind.eval_batches(split))
+    return file is not None and file.exists()
 
 
 def cached_reference(kind, fp32: Path, split: str, batches: Sequence[Feeds]) -> Path | None:

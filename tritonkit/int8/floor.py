@@ -236,6 +236,55 @@ def score(kind, fp32: Path, run, splits: Sequence[str]) -> dict:
     return out
 
 
+def _recorded(recorded: Mapping, digest: str, origin: str | None) -> dict | None:
+    """The floor a floors file holds for the graph's `key`, else for its `source`, else None."""
+    if digest in recorded:
+        return recorded[digest]["floor"]
+    found = next((r for r in recorded.values() if r.get("source") == origin), None) if origin is not None else None
+    return found["floor"] if found is not None else None
+
+
+# A floor's run at its precision against the FP32 run over the same batches (MPNet, 12 validation batches, 2-core
+# Xeon, 2026-11-28: bf16 emulated 1.12x; its fp16 floor took 287 s for two splits FP32 runs in ~300 s).
+PRECISION_COST = 1.15
+# Batches of a split timed in FP32 to estimate a pass over it (evenly spread: the batches are length-sorted).
+PROBE_BATCHES = 3
+
+
+def row_seconds(kind, fp32: Path, split: str = "validation") -> float:
+    """Seconds per row of the FP32 graph on onnxruntime here (as the references run), from PROBE_BATCHES evenly
+    spread batches of `split`, after one untimed run."""
+    import time
+
+    from tritonkit.int8.evaluate import run_batches, session
+
+    batches = kind.eval_batches(split)
+    picked = [batches[int(i)] for i in np.linspace(0, len(batches) - 1, min(PROBE_BATCHES, len(batches)))]
+    sess = session(fp32)
+    run_batches(sess, picked[:1])
+    t0 = time.perf_counter()
+    rows = len(run_batches(sess, picked))
+    return (time.perf_counter() - t0) / max(rows, 1)
+
+
+def estimate_s(kind, fp32: Path, precision: str, row_s: float, splits: Sequence[str] = ("validation", "test")
+               ) -> float:
+    """About how long measure() takes here: 0 where a recorded floor stands, else per split its FP32 reference
+    (unless computed already) and one run at `precision` (PRECISION_COST), at `row_s` seconds a row (row_seconds)."""
+    from tritonkit.int8.evaluate import reference_ready
+
+    file = record_path(kind)
+    recorded = json.loads(file.read_text()) if file is not None and file.exists() else {}
+    if _recorded(recorded, key(kind, fp32, precision, splits), source(kind, precision, splits)) is not None:
+        return 0.0
+    total = 0.0
+    for split in splits:
+        batches = kind.eval_batches(split)
+        rows = sum(len(next(iter(b.values()))) for b in batches)
+        total += rows * row_s * (PRECISION_COST + (0.0 if reference_ready(kind, fp32, split, batches) else 1.0))
+    return total
+
+
 def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test"), native: bool = False,
             reuse: bool = True, record: bool = True) -> dict:
     """{"precision", "how", split: metrics...} of the FP32 graph at `precision` against FP32 (onnxruntime), or
@@ -245,12 +294,9 @@ def measure(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validati
     file = record_path(kind)
     recorded = json.loads(file.read_text()) if file is not None and file.exists() else {}
     origin = source(kind, precision, splits, native)
-    if reuse and digest in recorded:
-        return recorded[digest]["floor"]
-    if reuse and origin is not None:
-        found = next((r for r in recorded.values() if r.get("source") == origin), None)
-        if found is not None:
-            return found["floor"]
+    found = _recorded(recorded, digest, origin) if reuse else None
+    if found is not None:
+        return found
     out: dict = {"precision": precision}
     runner = (NATIVE if native else RUNNERS).get(precision)
     try:

@@ -25,8 +25,10 @@ from tritonkit.int8.search import (
     BF16_COMPETITOR,
     MIN_TENSORRT_INT8_SHARE,
     Evaluator,
+    FewCalibrationBatches,
     Recipe,
     Search,
+    SearchResult,
     Workspace,
     speedup,
 )
@@ -113,11 +115,15 @@ SERVED_SHARE = 2 / 3
 # runtime choice): perf/bench_new_model.py's 4-layer encoder, 2026-11-27, spent 25 s before and 199 s after (22 % of
 # 15 min). The search gets the budget less what came before and this share, so the whole build keeps the budget.
 AFTER_SEARCH_SHARE = 0.25
+# What a form's first start costs (its calibration pass and its sample's scoring) in FP32 passes over the validation
+# split: MPNet's took 190 s where a pass takes ~150 s (2-core Xeon, 2026-11-28). A form whose floor and first start
+# would not fit in its share of the budget is not searched (form_cut).
+START_PASSES = 1.3
 
 
 def search_budget_s(budget_s: float | None, elapsed_s: float) -> float | None:
     """What a build's INT8 search may spend of its model's `budget_s` once the build has spent `elapsed_s`, keeping
-    AFTER_SEARCH_SHARE of it for the steps after the search. At least a second (the first start is always measured)."""
+    AFTER_SEARCH_SHARE of it for the steps after the search. At least a second: form_cut decides what starts in it."""
     if budget_s is None:
         return None
     return max(budget_s * (1 - AFTER_SEARCH_SHARE) - elapsed_s, 1.0)
@@ -126,11 +132,45 @@ def search_budget_s(budget_s: float | None, elapsed_s: float) -> float | None:
 def form_budget_s(budget_s: float | None, elapsed_s: float, form: str, both: bool) -> float | None:
     """What one form's search may spend of a model's `budget_s` after `elapsed_s` (floors, an earlier form): the
     served form SERVED_SHARE of it when the TensorRT form comes after, the TensorRT form all that is left. At least
-    a second: a search always measures its first start (tritonkit.int8.search.Search.start)."""
+    a second: form_cut decides whether the form starts in it."""
     if budget_s is None:
         return None
     left = budget_s - elapsed_s
     return max(left * SERVED_SHARE if form == "served" and both else left, 1.0)
+
+
+def form_cut(kind, fp32: Path, form: str, left_s: float, row_s: float) -> SearchResult | None:
+    """The result of a form the budget does not start (None where it fits): its half-precision floor (the FP32
+    references it needs, then a run at its precision; floor.estimate_s) and its first start (START_PASSES) would
+    take more than the `left_s` seconds it has, at `row_s` seconds an FP32 row (floor.row_seconds). Estimated rather
+    than cut midway: a floor measured in part is lost."""
+    from tritonkit.int8 import floor
+
+    precision = floor.PRECISION[form]
+    floor_s = floor.estimate_s(kind, fp32, precision, row_s)
+    start_s = START_PASSES * row_s * sum(len(next(iter(b.values()))) for b in kind.eval_batches("validation"))
+    if floor_s + start_s <= left_s:
+        return None
+    what = f"its {precision} floor (about {floor_s:.0f} s) and first start (about {start_s:.0f} s)"
+    reason = (f"the budget cut the {form} search before it started: {what} would not fit in the {left_s:.0f} s "
+              f"it had; search it with `make int8-search MODEL={kind.NAME} FORM={form} MINUTES=<m>`")
+    cut = {"stage": "form", "what": what, "estimate_s": round(floor_s + start_s, 1), "left_s": round(left_s, 1),
+           "reserve_s": 0.0, "at_s": 0.0}
+    return SearchResult("/".join(FORMS[form]), None, {}, {}, {}, [], [], [], 0.0, False, reason, [cut])
+
+
+def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: tuple[str, str], progress: bool
+                ) -> SearchResult | None:
+    """The served form's result where no INT8 graph can meet its speed gate (Search.speed_probe), before its floor
+    is measured or anything calibrated; None where one might."""
+    t0 = time.perf_counter()
+    probe = Search(FewCalibrationBatches(kind), fp32, forms, check_speed=True, progress=progress, log=_log,
+                   workspace=workspace.graphs_only(), speed_variants=speed_variants)
+    ceiling = probe.speed_probe()
+    if ceiling is None:
+        return None
+    return SearchResult("/".join(forms), None, {}, {}, ceiling[1], [], [], [], round(time.perf_counter() - t0, 1),
+                        False, ceiling[0])
 
 
 def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEFAULT_BUDGET_S,
@@ -140,6 +180,7 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
     `speed_variants`: the runtime variants that serve the FP32 and INT8 models here, which the speed gate times.
     Each form judges its committed candidate first (Search.committed_first) unless `fresh`."""
     from tritonkit.export import write_json
+    from tritonkit.int8 import floor
     from tritonkit.int8.params import file_digest
 
     t0 = time.perf_counter()
@@ -166,22 +207,31 @@ def search(kind, fp32: Path, progress: bool = True, budget_s: float | None = DEF
                     full[form] = old[form]
     source = file_digest(fp32)
     workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
+    row_s = None  # FP32 seconds a row here (floor.row_seconds), measured once where a budget needs it
     try:
         for form, forms in FORMS.items():
             if only is not None and form != only:
                 continue
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
-            half = form_floor(kind, fp32, form)
-            elapsed = time.perf_counter() - t0
-            if budget_s is not None and elapsed >= budget_s:
-                _log(f"{kind.NAME}: the {form} form gets no search time: the budget ({budget_s / 60:.0f} min) is spent")
             own = committed.get(form, {}).get(cpu) if form == "served" else committed.get(form)
-            searcher = Search(kind, fp32, forms, check_speed=form == "served",
-                              budget_s=form_budget_s(budget_s, elapsed, form, only is None), progress=progress,
-                              log=_log, workspace=workspace, exact=exact_judgement(form), floor=half,
-                              speed_variants=speed_variants,
-                              committed=None if fresh else committed_candidate(kind, form, own, fp32, source))
-            result = searcher.run()
+            candidate = None if fresh else committed_candidate(kind, form, own, fp32, source)
+            result = None
+            if form == "served" and candidate is None:  # a committed candidate is judged first instead
+                result = speed_probe(kind, fp32, forms, workspace, speed_variants, progress)
+            left = form_budget_s(budget_s, time.perf_counter() - t0, form, only is None)
+            if result is None and left is not None:
+                row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32)
+                result = form_cut(kind, fp32, form, left, row_s)
+            if result is not None:
+                half = {"precision": floor.PRECISION[form], "unavailable": f"not measured: {result.reason}"}
+                _log(f"{kind.NAME}: {result.reason}")
+            else:
+                half = form_floor(kind, fp32, form)
+                searcher = Search(kind, fp32, forms, check_speed=form == "served",
+                                  budget_s=form_budget_s(budget_s, time.perf_counter() - t0, form, only is None),
+                                  progress=progress, log=_log, workspace=workspace, exact=exact_judgement(form),
+                                  floor=half, speed_variants=speed_variants, committed=candidate)
+                result = searcher.run()
             full[form] = result.to_json()
             # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.
             kept = result.recipe or (Recipe.from_json(result.accurate["recipe"]) if result.accurate else None)
@@ -368,8 +418,10 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, progress: bool = 
                     "search_env": data.get("env", {}), "search": _search_summary(kind, form)}
     from tritonkit.int8 import floor
 
-    half = form_floor(kind, fp32, form)
     recorded = entry.get("floor") or {}
+    # A fallback proves nothing against the floor: the one its search recorded stands (a budget-cut search has none).
+    half = form_floor(kind, fp32, form) if entry["recipe"] is not None else \
+        (recorded or {"precision": floor.PRECISION[form], "unavailable": "not measured (no recipe)"})
     if "unavailable" in half and "test" in recorded:
         # The floor is the FP32 graph's, not this CPU's: where it cannot be measured here (bf16 is emulated on every
         # CPU; a converted graph may not load), the one recorded with the recipe stands rather than absolute gates.

@@ -426,8 +426,33 @@ class Workspace:
         self.digests: dict[Path, str] = {}
         self.val: Evaluator | None = None
 
+    def graphs_only(self) -> Workspace:
+        """A workspace with this one's prepared graphs (a plain start's do not depend on the calibration data) but
+        no ranges: a speed probe's, calibrated on a few batches, must never reach a search. Closed by this one."""
+        other = Workspace.__new__(Workspace)
+        other.tmp, other.prepared, other.digests = self.tmp, self.prepared, self.digests
+        other.stats, other.ranges, other.val = {}, {}, None
+        return other
+
     def close(self) -> None:
         self.tmp.cleanup()
+
+
+# Calibration batches a speed probe's graphs read (Search.speed_probe): a graph's speed does not depend on its ranges.
+PROBE_CALIBRATION_BATCHES = 2
+
+
+class FewCalibrationBatches:
+    """A search spec whose calibration reads PROBE_CALIBRATION_BATCHES batches: what a speed probe searches with."""
+
+    def __init__(self, spec: SearchSpec):
+        self._spec = spec
+
+    def __getattr__(self, name: str):
+        return getattr(self._spec, name)
+
+    def calibration_batch_count(self) -> int:
+        return min(PROBE_CALIBRATION_BATCHES, self._spec.calibration_batch_count())
 
 
 def _passed(step: Step | None) -> bool:
@@ -1014,6 +1039,26 @@ class Search:
                 f"{_speed(speed)} against FP32 on {self.speed_variants[0]}; at batch {b} its 95 % interval tops out "
                 f"at {speed[f'speedup_hi_batch{b}']:.2f}x, under the {gate}x gate, and units put back in float only "
                 "slow a graph down"), speed
+
+    def speed_probe(self) -> tuple[str, dict] | None:
+        """speed_ceiling before any floor, calibration or scoring: every start built (from the few calibration
+        batches of a FewCalibrationBatches spec) and timed at the largest served batch size, the fastest then at
+        every one. (why, its timings) where even that cannot meet the speed gate: nothing need be measured for
+        accuracy (MPNet-sized encoders against FP32 in bf16 on an AMX CPU)."""
+        from tritonkit.errors import QuantizationError
+
+        for r in (Recipe(form=f, placement=p) for f in self.forms for p in ("inputs", "all")):
+            try:
+                model = self.build(r)
+            except QuantizationError as exc:
+                self.log(f"  probe       {r.describe():<42} rejected: {exc}")
+                continue
+            sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
+                         variants=self.speed_variants)["int8_speedup"]
+            self.log(f"  probe       {r.describe():<42} speed x{sp:.2f} (batch {self.spec.SPEED_BATCHES[-1]})")
+            if self._fastest is None or sp > self._fastest[1]:
+                self._fastest = (r, sp)
+        return self.speed_ceiling()
 
     def _prior_misses(self, r: Recipe, knobs: Sequence[str]) -> int:
         """How many of `knobs` that the kind's SEARCH_PRIOR names `r` sets otherwise (0: the prior's own)."""

@@ -195,16 +195,25 @@ def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndar
     return [kind.speed_feeds(batch)]
 
 
-def fit_rounds(warm: dict[str, float], budget_s: float, most: int, min_sample_s: float) -> int:
-    """The most timed rounds (MIN_ROUNDS..`most`) that fit in `budget_s`, from what warming SAMPLE_MIXES mixes took
-    per variant (`warm`): a round times that many mixes on every variant, and each further mix it uses is warmed
-    first. An overestimate where OpenVINO prepared kernels in the warm-up: the cut errs towards fewer rounds."""
+class BudgetSpent(Exception):
+    """A measurement that would not finish in what is left of a build's budget (the message says what it needs)."""
+
+
+def fit_rounds(warm: dict[str, float], budget_s: float, most: int, min_sample_s: float) -> tuple[int, int]:
+    """(rounds, mixes): the most timed rounds (MIN_ROUNDS..`most`) that fit in `budget_s`, from what warming
+    SAMPLE_MIXES mixes took per variant (`warm`). A round times SAMPLE_MIXES mixes on every variant, and each further
+    mix the rounds rotate through is warmed first (OpenVINO prepares kernels per shape); where no such plan fits,
+    the rounds re-time the warmed mixes alone; where MIN_ROUNDS of those do not fit either, BudgetSpent. An
+    overestimate where the warm-up prepared kernels: the cut errs towards fewer rounds."""
     per_round = sum(max(min_sample_s, w) for w in warm.values())
     per_mix = sum(warm.values()) / SAMPLE_MIXES
-    for rounds in range(most, MIN_ROUNDS, -1):
-        if (min(MIXES, rounds * SAMPLE_MIXES) - SAMPLE_MIXES) * per_mix + rounds * per_round <= budget_s:
-            return rounds
-    return min(MIN_ROUNDS, most)
+    for rotate in (True, False):
+        for rounds in range(most, min(MIN_ROUNDS, most) - 1, -1):
+            mixes = min(MIXES, rounds * SAMPLE_MIXES) if rotate else SAMPLE_MIXES
+            if (mixes - SAMPLE_MIXES) * per_mix + rounds * per_round <= budget_s:
+                return rounds, mixes
+    raise BudgetSpent(f"{min(MIN_ROUNDS, most)} timed rounds need about {min(MIN_ROUNDS, most) * per_round:.0f} s, "
+                      f"{max(budget_s, 0.0):.0f} s left")
 
 
 def time_variants(kind, path: Path, variants, batches, threads: int, repeats: int = ROUNDS,
@@ -213,7 +222,7 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
     """{variant: {"batch<n>": items/s}}: every mix a round will time run once per variant untimed, then `repeats`
     rounds, each timing the next SAMPLE_MIXES mixes (rotating) on every variant in turn, looped to `min_sample_s`;
     median of rounds. `budget_s`: seconds the whole measurement may take, shared evenly by the batch sizes left;
-    their rounds are cut to fit (fit_rounds) and written to `rounds_used` by batch size."""
+    their rounds and mixes are cut to fit (fit_rounds), the rounds written to `rounds_used` by batch size."""
     sample_mixes = SAMPLE_MIXES  # read at each call: perf/bench_runtime_choice.py sets it
     started = time.perf_counter()
     runners = {v: open_variant(v, path, threads, kind.spec.serving.max_batch_size) for v in variants}
@@ -227,11 +236,10 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
             for f in feeds[v][:sample_mixes]:
                 session.run(names, f)
             warm[v] = time.perf_counter() - t0
-        rounds = repeats
+        rounds, used = repeats, min(MIXES, max(repeats * sample_mixes, sample_mixes))
         if budget_s is not None:
             share = (budget_s - (time.perf_counter() - started)) / (len(batches) - i)
-            rounds = fit_rounds(warm, share, repeats, min_sample_s)
-        used = min(MIXES, max(rounds * sample_mixes, sample_mixes))
+            rounds, used = fit_rounds(warm, share, repeats, min_sample_s)
         for v, session in runners.items():
             for f in feeds[v][sample_mixes:used]:
                 session.run(names, f)
@@ -349,7 +357,12 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
     budget = None if deadline is None else max(deadline - time.perf_counter(), 0.0) * TIMING_SHARE
     rounds: dict[str, int] = {}
-    speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, budget_s=budget, rounds_used=rounds)
+    try:
+        speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, budget_s=budget, rounds_used=rounds)
+    except BudgetSpent as spent:
+        cut = f"timing cut by the build's budget ({spent}; batch sizes timed: {', '.join(rounds) or 'none'})"
+        return {"file": paths.rel(file), "sha256": digest, "threads": threads, "runtime": DEFAULT, "reason": cut,
+                "budget_cut": cut}
     # The geometric mean over the served batch sizes: no single batch size decides.
     gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
              for v in variants}
