@@ -893,7 +893,8 @@ class Search:
             form, placement = r.form, r.placement
             # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
             # Starts run until one gives a track, whatever the budget: a search reports at least that (a judged
-            # committed candidate is that report). A further start is an option that must leave the first track
+            # committed candidate is that report; a build does not start a form without time for one,
+            # recipe.form_cut). A further start is an option that must leave the first track
             # its time where that track can meet the speed gate (on a large encoder the prior's track tells more
             # than three more starts).
             viable = tracks and not slow[tracks[0].recipe.describe()]
