@@ -185,9 +185,12 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
     return outcomes, searched
 
 
-def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False) -> Path | None:
+def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False, twin: Path | None = None
+                 ) -> Path | None:
     """The packed form of a text encoder's graph (tritonkit.serving.packing), re-made when its source graph changes;
-    `fp32` for an INT8 graph, which is proven against the spec's gates instead of against itself padded."""
+    `fp32` for an INT8 graph, which is proven against the spec's gates instead of against itself padded. `twin`: the
+    FP32 graph an FP32 fallback under the INT8 name was written from; its packed form, with the fallback's marks,
+    is this one's (the same graph: nothing to pack or prove again; MPNet's takes ~45 s)."""
     from tritonkit.serving import packing
 
     if not getattr(kind, "packable", False) or not model_path.exists():
@@ -198,6 +201,16 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
         str(fp32)
     fingerprint = _fingerprint(kind, stage, digest)
     if not force and up_to_date(out, kind.NAME, stage, fingerprint):
+        return out
+    if twin is not None and packing.packed_path(twin).exists():
+        import onnx
+
+        packed = onnx.load(str(packing.packed_path(twin)))
+        marks = {p.key: p.value for p in onnx.load(str(model_path), load_external_data=False).metadata_props}
+        onnx.helper.set_model_props(packed, {**{p.key: p.value for p in packed.metadata_props}, **marks})
+        onnx.save(packed, str(out))
+        _log(f"{kind.NAME}: packed form {paths.rel(out)} (its FP32 twin's, with the fallback's marks)")
+        _stamp(kind.NAME, stage, fingerprint)
         return out
     targets, reference = [], None
     if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
@@ -247,7 +260,8 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
                                     search_form=search_form, forms=forms, started=t0, fresh=fresh)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
-    build_packed(kind, served.path, fp32 if served.status == "passed" else None)
+    build_packed(kind, served.path, fp32 if served.status == "passed" else None,
+                 twin=fp32 if served.status == recipe.FALLBACK else None)
     from tritonkit.repository import runtime_choice
 
     # A build that searched keeps its budget to the end: the runtime choice fits in what is left of it.

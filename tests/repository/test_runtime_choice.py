@@ -148,3 +148,32 @@ def test_a_packed_file_is_scored_against_the_fp32_reference_in_its_texts_order()
     for variant in ("onnxruntime", "openvino"):
         got = accuracy(kind, packed, built.fp32, variant, 2)
         assert got["cosine_min"] >= kind.EXPORT.tolerance and got["texts"] == len(texts), (variant, got)
+
+
+def test_an_fp32_fallbacks_packed_form_is_its_twins_with_the_fallbacks_marks(tmp_path, capsys):
+    """An FP32 fallback under the INT8 name is the FP32 graph with a mark: its packed form is the FP32 twin's packed
+    graph with that mark (nothing packed or proven again), computing what the twin's does for every text."""
+    import onnx
+
+    from tests.support.text_support import ensure_text_built
+    from tritonkit import build, data, kinds
+    from tritonkit.int8 import recipe
+    from tritonkit.int8.evaluate import session
+    from tritonkit.serving import packing
+
+    built = ensure_text_built()
+    kind = kinds.get("text_embedding")
+    out = tmp_path / "fallback_probe_model" / "1" / "model.onnx"
+    out.parent.mkdir(parents=True)
+    recipe.write_fp32_fallback(built.fp32, out, "a test's fallback")
+    try:
+        packed = build.build_packed(kind, out, None, force=True, twin=built.fp32)
+    finally:  # the build's stamp for this test's made-up model
+        build._stamp_path(kind.NAME, "packed.fallback_probe_model").unlink(missing_ok=True)
+    assert "its FP32 twin's, with the fallback's marks" in capsys.readouterr().out  # not packed again
+    assert packed == packing.packed_path(out) and packed.exists()
+    marks = {p.key: p.value for p in onnx.load(str(packed), load_external_data=False).metadata_props}
+    assert marks[recipe.PRECISION_KEY] == "fp32-fallback: a test's fallback" and packing.META_POOLING in marks
+    texts = data.eval_texts("test")[:40]
+    twin = kind.embed_packed(session(packing.packed_path(built.fp32)), texts)
+    assert np.array_equal(kind.embed_packed(session(packed), texts), twin)
