@@ -23,17 +23,18 @@ def test_a_change_of_threads_file_or_contents_is_measured_again():
 
 def test_a_budget_cuts_the_timed_rounds_to_what_fits():
     """A round times SAMPLE_MIXES mixes on every variant (at least min_sample_s each); every further mix the rounds
-    rotate through is warmed first. From the warm-up's times, the most rounds whose total fits; where none does with
-    more mixes, the rounds re-time the warmed ones; never under MIN_ROUNDS."""
+    rotate through is warmed first. From the warm-up's seconds a mix, the most rounds whose total fits; where none
+    does with more mixes, the rounds re-time the warmed ones; never under MIN_ROUNDS."""
     from tritonkit.repository.runtime_choice import MIN_ROUNDS, MIXES, ROUNDS, SAMPLE_MIXES, BudgetSpent, fit_rounds
 
-    warm = {"onnxruntime": 0.6, "openvino": 1.2}
+    warm = {"onnxruntime": 0.125, "openvino": 0.25}  # seconds a mix (binary fractions: sums compare exactly)
+    per_round = SAMPLE_MIXES * (0.125 + 0.25)
 
     def cost(rounds, mixes):  # seconds after the warm-up of the first SAMPLE_MIXES mixes
-        return (mixes - SAMPLE_MIXES) * 1.8 / SAMPLE_MIXES + rounds * 1.8
+        return (mixes - SAMPLE_MIXES) * (0.125 + 0.25) + rounds * per_round
 
     assert fit_rounds(warm, 1e9, ROUNDS, 0.05) == (ROUNDS, MIXES)
-    with pytest.raises(BudgetSpent, match="3 timed rounds need about 5 s"):  # a median of fewer is not measured
+    with pytest.raises(BudgetSpent, match=f"3 timed rounds need about {3 * per_round:.0f} s"):  # no median of fewer
         fit_rounds(warm, cost(MIN_ROUNDS, SAMPLE_MIXES) - 0.01, ROUNDS, 0.05)
     assert fit_rounds(warm, cost(MIN_ROUNDS, SAMPLE_MIXES), ROUNDS, 0.05) == (MIN_ROUNDS, SAMPLE_MIXES)
     for rounds in range(MIN_ROUNDS, ROUNDS + 1):
@@ -44,6 +45,8 @@ def test_a_budget_cuts_the_timed_rounds_to_what_fits():
     fitting = max(r for r in range(MIN_ROUNDS, ROUNDS + 1) if cost(r, SAMPLE_MIXES) <= budget)
     assert fit_rounds(warm, budget, ROUNDS, 0.05) == (fitting, SAMPLE_MIXES)
     assert fit_rounds({"onnxruntime": 0.0}, 3 * 0.05, ROUNDS, 0.05) == (3, 3 * SAMPLE_MIXES)  # min_sample_s a sample
+    assert fit_rounds(warm, 1e9, ROUNDS, 0.05, available=1) == (ROUNDS, 1)  # a kind timing one batch (images)
+    assert fit_rounds(warm, 3 * per_round, ROUNDS, 0.05, available=1) == (3, 1)
 
 
 def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tmp_path):

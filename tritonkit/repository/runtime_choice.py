@@ -199,18 +199,20 @@ class BudgetSpent(Exception):
     """A measurement that would not finish in what is left of a build's budget (the message says what it needs)."""
 
 
-def fit_rounds(warm: dict[str, float], budget_s: float, most: int, min_sample_s: float) -> tuple[int, int]:
-    """(rounds, mixes): the most timed rounds (MIN_ROUNDS..`most`) that fit in `budget_s`, from what warming
-    SAMPLE_MIXES mixes took per variant (`warm`). A round times SAMPLE_MIXES mixes on every variant, and each further
-    mix the rounds rotate through is warmed first (OpenVINO prepares kernels per shape); where no such plan fits,
-    the rounds re-time the warmed mixes alone; where MIN_ROUNDS of those do not fit either, BudgetSpent. An
-    overestimate where the warm-up prepared kernels: the cut errs towards fewer rounds."""
-    per_round = sum(max(min_sample_s, w) for w in warm.values())
-    per_mix = sum(warm.values()) / SAMPLE_MIXES
+def fit_rounds(per_mix: dict[str, float], budget_s: float, most: int, min_sample_s: float, available: int = MIXES
+               ) -> tuple[int, int]:
+    """(rounds, mixes): the most timed rounds (MIN_ROUNDS..`most`) that fit in `budget_s`, from the seconds a mix
+    took per variant in the warm-up (`per_mix`; the first SAMPLE_MIXES of the `available` mixes). A round times
+    SAMPLE_MIXES mixes on every variant, and each further mix the rounds rotate through is warmed first (OpenVINO
+    prepares kernels per shape); where no such plan fits, the rounds re-time the warmed mixes alone; where
+    MIN_ROUNDS of those do not fit either, BudgetSpent. An overestimate where the warm-up prepared kernels: the cut
+    errs towards fewer rounds."""
+    per_round = sum(max(min_sample_s, SAMPLE_MIXES * t) for t in per_mix.values())
+    each, warmed = sum(per_mix.values()), min(SAMPLE_MIXES, available)
     for rotate in (True, False):
         for rounds in range(most, min(MIN_ROUNDS, most) - 1, -1):
-            mixes = min(MIXES, rounds * SAMPLE_MIXES) if rotate else SAMPLE_MIXES
-            if (mixes - SAMPLE_MIXES) * per_mix + rounds * per_round <= budget_s:
+            mixes = min(available, rounds * SAMPLE_MIXES) if rotate else warmed
+            if (mixes - warmed) * each + rounds * per_round <= budget_s:
                 return rounds, mixes
     raise BudgetSpent(f"{min(MIN_ROUNDS, most)} timed rounds need about {min(MIN_ROUNDS, most) * per_round:.0f} s, "
                       f"{max(budget_s, 0.0):.0f} s left")
@@ -230,18 +232,19 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
     names = [_output(kind)]
     for i, batch in enumerate(batches):
         feeds = {v: _feeds(kind, path, batch, v) for v in runners}
-        warm = {}
+        available = min(len(f) for f in feeds.values())  # a kind without texts times one batch
+        warmed, per_mix = min(sample_mixes, available), {}
         for v, session in runners.items():  # every shape timed runs once before: the server's steady state
             t0 = time.perf_counter()
-            for f in feeds[v][:sample_mixes]:
+            for f in feeds[v][:warmed]:
                 session.run(names, f)
-            warm[v] = time.perf_counter() - t0
-        rounds, used = repeats, min(MIXES, max(repeats * sample_mixes, sample_mixes))
+            per_mix[v] = (time.perf_counter() - t0) / warmed
+        rounds, used = repeats, min(available, max(repeats * sample_mixes, warmed))
         if budget_s is not None:
             share = (budget_s - (time.perf_counter() - started)) / (len(batches) - i)
-            rounds, used = fit_rounds(warm, share, repeats, min_sample_s)
+            rounds, used = fit_rounds(per_mix, share, repeats, min_sample_s, available)
         for v, session in runners.items():
-            for f in feeds[v][sample_mixes:used]:
+            for f in feeds[v][warmed:used]:
                 session.run(names, f)
         samples: dict[str, list[float]] = {v: [] for v in runners}
         for r in range(rounds):
