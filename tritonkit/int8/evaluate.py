@@ -39,6 +39,11 @@ def run_batches(sess, batches: Sequence[Feeds]) -> np.ndarray:
     return np.concatenate([sess.run([name], {k: v for k, v in b.items() if k in inputs})[0] for b in batches])
 
 
+def row_count(batches: Sequence[Feeds]) -> int:
+    """Rows in `batches` (each batch's first feed's leading axis)."""
+    return sum(len(next(iter(b.values()))) for b in batches)
+
+
 def as_file(model, directory: Path) -> Path:
     """`model` as a file the runtimes can open: itself when it is one, else saved in `directory`."""
     import onnx

@@ -271,7 +271,7 @@ def estimate_s(kind, fp32: Path, precision: str, row_s: float, splits: Sequence[
                ) -> float:
     """About how long measure() takes here: 0 where a recorded floor stands, else per split its FP32 reference
     (unless computed already) and one run at `precision` (PRECISION_COST), at `row_s` seconds a row (row_seconds)."""
-    from tritonkit.int8.evaluate import reference_ready
+    from tritonkit.int8.evaluate import reference_ready, row_count
 
     file = record_path(kind)
     recorded = json.loads(file.read_text()) if file is not None and file.exists() else {}
@@ -280,7 +280,7 @@ def estimate_s(kind, fp32: Path, precision: str, row_s: float, splits: Sequence[
     total = 0.0
     for split in splits:
         batches = kind.eval_batches(split)
-        rows = sum(len(next(iter(b.values()))) for b in batches)
+        rows = row_count(batches)
         total += rows * row_s * (PRECISION_COST + (0.0 if reference_ready(kind, fp32, split, batches) else 1.0))
     return total
 

@@ -145,10 +145,11 @@ def form_cut(kind, fp32: Path, form: str, left_s: float, row_s: float) -> Search
     take more than the `left_s` seconds it has, at `row_s` seconds an FP32 row (floor.row_seconds). Estimated rather
     than cut midway: a floor measured in part is lost."""
     from tritonkit.int8 import floor
+    from tritonkit.int8.evaluate import row_count
 
     precision = floor.PRECISION[form]
     floor_s = floor.estimate_s(kind, fp32, precision, row_s)
-    start_s = START_PASSES * row_s * sum(len(next(iter(b.values()))) for b in kind.eval_batches("validation"))
+    start_s = START_PASSES * row_s * row_count(kind.eval_batches("validation"))
     if floor_s + start_s <= left_s:
         return None
     what = f"its {precision} floor (about {floor_s:.0f} s) and first start (about {start_s:.0f} s)"

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
-from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min
+from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, row_count
 from tritonkit.serving import runtimes
 from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
 
@@ -268,7 +268,7 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
 def check_seconds(kind, batches, items_per_s: dict[str, float]) -> float:
     """About how long accuracy() takes on a variant that ran `items_per_s` (its largest timed batch's rate): the
     test split's rows at that rate."""
-    rows = sum(len(next(iter(b.values()))) for b in batches)
+    rows = row_count(batches)
     return rows / max(items_per_s[max(items_per_s, key=lambda b: int(b.removeprefix("batch")))], 1e-9)
 
 
