@@ -49,6 +49,23 @@ def test_a_budget_cuts_the_timed_rounds_to_what_fits():
     assert fit_rounds(warm, 3 * per_round, ROUNDS, 0.05, available=1) == (3, 1)
 
 
+def test_the_files_share_a_build_budget_by_their_work(monkeypatch):
+    """Each file to measure takes, of what is left at its turn, its variants over its threads against the files
+    after it: MPNet's INT8 name (three variants at one thread where bf16 is native) three quarters, its FP32 file
+    (two at two threads) the rest; a file measured alone all of it."""
+    from tritonkit import envinfo, kinds
+    from tritonkit.repository.runtime_choice import shares
+
+    kind = kinds.get("all_mpnet_base_v2")
+    assert (kind.spec.serving.model_threads, kind.spec.serving.fp32_threads) == (1, 2)
+    both = [(kind.INT8_MODEL, True), (kind.FP32_MODEL, False)]
+    monkeypatch.setattr(envinfo, "has_bf16", lambda: True)
+    assert shares(kind, both) == [0.75, 1.0]
+    monkeypatch.setattr(envinfo, "has_bf16", lambda: False)
+    assert shares(kind, both) == pytest.approx([2 / 3, 1.0])
+    assert shares(kind, both[1:]) == [1.0]
+
+
 def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tmp_path):
     """Past a build's deadline a file is not timed: ONNX Runtime serves it and the record says the budget cut it.
     Within a deadline it is timed in the rounds that fit, and the cut record is not reused. On the real text build,

@@ -336,6 +336,20 @@ def served_threads(kind, model: str) -> int:
     return s.model_threads if model == kind.INT8_MODEL else s.fp32_threads
 
 
+def variants_for(gated: bool) -> list[str]:
+    """The variants a file is timed as: bf16 only for a gated (INT8-name) file on a CPU with native bf16."""
+    return ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
+
+
+def shares(kind, pending: list[tuple[str, bool]]) -> list[float]:
+    """The fraction of a build's budget left each (model, gated) file to measure may take, in turn, of what is left
+    when its turn comes: by its work, the variants it is timed as over its served threads (MPNet's INT8 name times
+    three variants at one thread, its FP32 file two at two; an even split cut the first's batch 32 and left the
+    second ~165 s unused)."""
+    work = [len(variants_for(gated)) / served_threads(kind, model) for model, gated in pending]
+    return [w / sum(work[i:]) for i, w in enumerate(work)]
+
+
 def reusable(old: dict | None, digest: str, source: str, served: str, threads: int) -> bool:
     """Whether a committed record still speaks for the file: the same file (or the same INT8 sources), timed at the
     threads per instance it is served with now (a spec that changes them changes which runtime wins)."""
@@ -357,7 +371,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
 
     threads = served_threads(kind, model)
     file = served_file(path)
-    variants = ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
+    variants = variants_for(gated)
     budget = None if deadline is None else max(deadline - time.perf_counter(), 0.0) * TIMING_SHARE
     rounds: dict[str, int] = {}
     try:
@@ -417,8 +431,9 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
            ) -> dict:
     """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
     returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime). `deadline`
-    (time.perf_counter), a build's budget: the files to measure share what is left evenly, the INT8 name (what a
-    client calls by default) first; a file the deadline has passed is not measured and serves ONNX Runtime."""
+    (time.perf_counter), a build's budget: the files to measure share what is left by their work (`shares`), the
+    INT8 name (what a client calls by default) first; a file the deadline has passed is not measured and serves
+    ONNX Runtime."""
     if kind.spec.file is None:
         return {}
     data = load(kind)
@@ -444,11 +459,12 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
                 + (f"; on {here} here, a CPU without native bf16" if here != old["runtime"] else ""))
             continue
         measured[model] = (path, gated, digest, source)
-    for i, (model, (path, gated, digest, source)) in enumerate(measured.items()):
+    fractions = shares(kind, [(model, gated) for model, (_, gated, *_) in measured.items()])
+    for (model, (path, gated, digest, source)), fraction in zip(measured.items(), fractions, strict=True):
         served, end = paths.rel(served_file(path)), None
         if deadline is not None:
             now = time.perf_counter()
-            end = now + (deadline - now) / (len(measured) - i)
+            end = now + (deadline - now) * fraction
             if end <= now:
                 cut = "not measured: the build's budget was spent"
                 records[model] = {"file": served, "sha256": digest, "threads": served_threads(kind, model),
