@@ -8,7 +8,8 @@ real weights whose recipe, floors and runtime choice nobody committed. Its spec,
 in a temporary tree (TRITONKIT_SPECS / _MODEL_REPOSITORY / _BUILD_OUTPUTS), so the checkout is untouched. The build
 is the user's command, `python -m tritonkit.build <name>` (as `make build MODEL=<name>`), which searches because no
 recipe is committed; `--minutes` passes its budget. Prints the total, the seconds between the build's stage lines,
-and each form's outcome; the build's stamped log goes to build/reports/bench_new_model_<like>.log.
+and each form's outcome; the build's stamped log goes to build/reports/bench_new_model_<like>.log
+(`_no_bf16` added under TRITONKIT_NO_BF16=1: the build then sees a CPU without native bf16).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tritonkit import kinds, paths
+from tritonkit import envinfo, kinds, paths
 
 NAME = "bench_encoder"
 # Log lines that start a stage (the first match of each), in the order a build prints them.
@@ -55,7 +56,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, help="the build's search budget (default: the build's own)")
     args = parser.parse_args()
     layers = args.layers if args.layers is not None else DEFAULT_LAYERS[args.like]
-    log_path = paths.REPORTS / f"bench_new_model_{args.like}.log"
+    no_bf16 = os.environ.get(envinfo.NO_BF16_ENV) == "1"  # a CPU of the class without bf16, as the build sees it
+    log_path = paths.REPORTS / f"bench_new_model_{args.like}{'_no_bf16' * no_bf16}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-bench-new-model-") as tmp:
         tree = Path(tmp)
@@ -86,7 +88,8 @@ def main() -> int:
     order = sorted(starts.items(), key=lambda kv: kv[1])
     spans = {stage: round((order[i + 1][1] if i + 1 < len(order) else total) - at, 1)
              for i, (stage, at) in enumerate(order)}
-    print(json.dumps({"like": args.like, "layers": layers, "returncode": proc.returncode, "total_s": round(total, 1),
+    print(json.dumps({"like": args.like, "layers": layers, "no_bf16": no_bf16, "returncode": proc.returncode,
+                      "total_s": round(total, 1),
                       "stage_s": spans, "outcome": outcome, "log": paths.rel(log_path)}, indent=2))
     return proc.returncode
 

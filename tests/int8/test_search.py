@@ -131,6 +131,87 @@ def test_both_placements_share_one_calibration(tiny, monkeypatch):
     assert len(s.ws.prepared) == 2 and len(calls) == 1, calls
 
 
+def test_a_candidate_is_quantized_once_for_its_scoring_checks_timing_and_test(tiny, monkeypatch):
+    """A candidate that holds its gates is scored, checked on its runtime, timed and tested in turn: one graph for
+    all of them (MPNet's quantization takes tens of seconds), and a different recipe gets its own."""
+    from tritonkit.int8 import quantize
+
+    path, _ = tiny
+    quantized: list[object] = []
+    original = quantize.quantize_prepared
+
+    def counting(*args, **kwargs):
+        quantized.append(args[2:4])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(quantize, "quantize_prepared", counting)
+    spec = TinySpec()
+    spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # any speed passes: the graphs are under test
+    s = search.Search(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
+                      min_int8_share=0.0)
+    asked: list[str] = []
+    build = s.build
+    s.build = lambda r: (asked.append(search._key(r)), build(r))[1]
+    result = s.run()
+    assert result.passed, result.reason
+    assert len(asked) > len(quantized), "no graph was reused"
+    runs = [k for i, k in enumerate(asked) if i == 0 or asked[i - 1] != k]  # consecutive asks of one recipe
+    assert len(runs) == len(quantized), "a recipe asked for again at once was quantized again"
+    assert s.build(result.recipe) is s.build(result.recipe)
+
+
+def test_a_second_look_at_the_test_split_goes_to_the_most_accurate_candidate_named_before_the_first():
+    """The fastest looks first; the most accurate other candidate on the whole validation split (distortion: the
+    summed shortfall against the gates, which keeps ranking past them) looks second, only if strictly more
+    accurate; no third look."""
+    targets = [Target("cosine_min", ">=", 0.99)]
+    fast = search.Recipe("uint8", "inputs", float_nodes=["a", "b"])
+    mid = search.Recipe("uint8", "inputs", float_nodes=["a", "b", "c", "d"])
+    safe = search.Recipe("uint8", "inputs", float_nodes=[f"n{i}" for i in range(12)])
+    ok = [(safe, {"int8_speedup": 1.53}), (fast, {"int8_speedup": 1.74}), (mid, {"int8_speedup": 1.60})]
+    validation = {search._key(fast): {"cosine_min": 0.9945}, search._key(mid): {"cosine_min": 0.9960},
+                  search._key(safe): {"cosine_min": 0.9983}}
+    assert [r for r, _ in search.confirmation_order(ok, validation, targets)] == [fast, safe]
+    validation[search._key(safe)] = validation[search._key(mid)] = {"cosine_min": 0.9945}  # none more accurate
+    assert [r for r, _ in search.confirmation_order(ok, validation, targets)] == [fast]
+    assert [r for r, _ in search.confirmation_order(ok[1:2], validation, targets)] == [fast]
+    # Without a speed check (no speed-ups) the fewest float units look first.
+    plain = [(safe, {}), (mid, {}), (fast, {})]
+    validation[search._key(safe)] = {"cosine_min": 0.9983}
+    assert [r for r, _ in search.confirmation_order(plain, validation, targets)] == [fast, safe]
+
+
+def test_a_candidate_that_misses_the_test_split_hands_the_second_look_to_the_most_accurate(tiny, tmp_path):
+    """A real search on the tiny model with a committed candidate that keeps all but one layer float (accurate, but
+    more float units than what the search then finds), its first look at the test split declared a miss: the
+    second look goes to the committed one, which then serves; the report keeps the first look's miss."""
+    from tritonkit.int8.quantize import quantize_with_params
+
+    path, sensitive = tiny
+    spec = TinySpec()
+    nodes = search.quantizable_nodes(path, spec.WEIGHT_OPS)
+    committed = search.Recipe(form="int8", placement="inputs", float_nodes=[n for n in nodes if n != nodes[-1]])
+    assert sensitive in committed.float_nodes and len(committed.float_nodes) > 1
+    params = quantize_with_params(path, tmp_path / "committed.onnx", committed.to_quant(spec.WEIGHT_OPS),
+                                  spec.calibration_batches, spec.calibration_batch_count(), progress=False)
+    s = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                      min_int8_share=0.0, committed=(committed, params))
+    looked: list[object] = []
+    measure = s._on_test
+
+    def first_misses(model):
+        test, held = measure(model)
+        looked.append(model)
+        return test, held and len(looked) > 1
+
+    s._on_test = first_misses
+    result = s.run()
+    assert len(looked) == 2, "no second look"
+    assert result.passed and result.recipe == committed, result.reason
+    first = result.best_failed[0]
+    assert first["accuracy"].startswith("test split") and first["recipe"] != committed.describe()
+
+
 def test_an_isolated_copy_gets_its_sources_range(tmp_path):
     """Calibrating the graph before isolation and copying ranges = calibrating the isolated graph itself."""
     import torch

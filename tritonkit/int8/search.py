@@ -24,7 +24,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -536,6 +536,7 @@ class Search:
         self.committed = committed
         self._judged = False  # the committed candidate was measured: no start must run whatever the budget
         self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
+        self._built: tuple[str, object] | None = None  # (recipe key, graph): the last recipe quantized
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def _prepare(self, r: Recipe):
@@ -629,10 +630,17 @@ class Search:
         return self.ws.digests[path]
 
     def build(self, r: Recipe):
+        """`r`'s INT8 graph. The last one is kept: a winner is scored, checked on its runtime, timed and tested in
+        turn, and nothing downstream changes a graph (sessions and files are made from copies)."""
         from tritonkit.int8.quantize import quantize_prepared
 
-        return quantize_prepared(self._prepare(r), self._calibrate(r), r.to_quant(self.spec.WEIGHT_OPS),
-                                 r.float_nodes, check=False)
+        key = _key(r)
+        if self._built is None or self._built[0] != key:
+            self._built = None  # the old graph's memory goes before the new one is made
+            model = quantize_prepared(self._prepare(r), self._calibrate(r), r.to_quant(self.spec.WEIGHT_OPS),
+                                      r.float_nodes, check=False)
+            self._built = (key, model)
+        return self._built[1]
 
     @property
     def val(self) -> Evaluator:
@@ -1378,16 +1386,28 @@ class Search:
             if self.spent() or self.cuts:
                 why += f" within the search budget ({self.budget_s / 60:.0f} min)"
             return self._result(None, {}, {}, {}, failed, t0, why, accurate=accurate)
-        # Fastest first; without a speed check, the fewest float units.
-        recipe, speed = max(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)))
-        model = self.build(recipe)
-        # Measured when it was confirmed on the whole split (the same graph): not again, outside any budget.
-        validation = self._split_metrics.get(_key(recipe)) or self.val.metrics(model, exact=self.exact)
-        self.log("[search] confirming once on the test split")
-        test, ok_test = self._on_test(model)
-        reason = "" if ok_test else "test split: " + "; ".join(missed(self.targets["test"], test))
-        return self._result(recipe if ok_test else None, validation, test, speed, failed, t0, reason,
-                            chosen=recipe)
+        looks = confirmation_order(ok, {_key(r): self._split_metrics.get(_key(r)) for r, _ in ok}, self.rank_targets)
+        misses = []
+        for i, (recipe, speed) in enumerate(looks):
+            if i and not self.fits("test", f"second look: {recipe.describe()}", self.estimate("test")):
+                break
+            model = self.build(recipe)
+            # Measured when it was confirmed on the whole split (the same graph): not again, outside any budget.
+            validation = self._split_metrics.get(_key(recipe)) or self.val.metrics(model, exact=self.exact)
+            self.log("[search] confirming on the test split" + (f" (second look, {recipe.describe()}: the most "
+                                                                "accurate on validation)" if i else ""))
+            test, ok_test = self._on_test(model)
+            if ok_test:
+                failed[:0] = misses
+                return self._result(recipe, validation, test, speed, failed, t0, "", chosen=recipe)
+            missing = "; ".join(missed(self.targets["test"], test))
+            misses.append({"recipe": recipe.describe(), "test": test, "accuracy": f"test split: {missing}"})
+        recipe, speed = looks[0]
+        reason = "test split: " + "; ".join(f"{m['recipe']}: {m['accuracy'].removeprefix('test split: ')}"
+                                            for m in misses)
+        failed[:0] = misses[1:]
+        return self._result(None, self._split_metrics.get(_key(recipe)) or {}, misses[0]["test"], speed, failed, t0,
+                            reason, chosen=recipe)
 
     def _sort_by_speed(self, ok: list, slow: list, failed: list, found: list[tuple[Recipe, dict]]) -> None:
         """Candidates that held every accuracy gate go to `ok`, or to `slow` (and `failed`) where the speed gate
@@ -1440,6 +1460,27 @@ class Search:
         if chosen is not None and recipe is None:
             res.best_failed.insert(0, {"recipe": chosen.describe(), "test": test})
         return res
+
+
+def confirmation_order(ok: Sequence[tuple[Recipe, dict]], validation: Mapping[str, Mapping[str, float] | None],
+                       targets: Sequence[Target]) -> list[tuple[Recipe, dict]]:
+    """The candidates that may look at the held-out test split, in order, all named before the first look: the
+    fastest (without a speed check, the fewest float units); should it miss, the one most accurate on the whole
+    validation split (`validation`, by recipe key), where that is another and strictly more accurate. A worst-case
+    gate can miss on the other split by more than any margin (docs/int8-search.md); two looks at most, so the test
+    split stays a check, not a choice."""
+    def badness(r: Recipe) -> float:
+        metrics = validation.get(_key(r))
+        return distortion(targets, metrics) if metrics else float("inf")
+
+    ranked = sorted(ok, key=lambda rs: (rs[1].get("int8_speedup", 0.0), -len(rs[0].float_nodes)), reverse=True)
+    if not ranked:
+        return []
+    first = ranked[0]
+    backup = min(ranked[1:], key=lambda rs: badness(rs[0]), default=None)
+    if backup is None or not badness(backup[0]) < badness(first[0]):
+        return [first]
+    return [first, backup]
 
 
 def _prepared_key(r: Recipe) -> tuple:
