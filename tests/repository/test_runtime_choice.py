@@ -97,6 +97,44 @@ def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tm
     assert json.loads(choice_path(kind).read_text())["classes"][envinfo.int8_class()] == entry
 
 
+def test_an_accuracy_check_counts_the_fp32_reference_it_still_has_to_compute():
+    from tritonkit import kinds
+    from tritonkit.repository.runtime_choice import check_seconds
+
+    batches = kinds.get("text_embedding").eval_batches("test")
+    rows = sum(len(b["input_ids"]) for b in batches)
+    fast, reference = {"batch1": 10.0, "batch32": 100.0}, {"batch1": 5.0, "batch32": 50.0}  # the largest batch's
+    assert check_seconds(None, batches, fast) == pytest.approx(rows / 100)
+    assert check_seconds(None, batches, fast, reference) == pytest.approx(rows / 100 + rows / 50)
+
+
+def test_an_int8_file_that_holds_the_absolute_gates_needs_no_floor(tmp_path, monkeypatch):
+    """The floor only loosens gates, so the runtime choice measures it only for a variant that misses the absolute
+    ones (MPNet's, not measured by a search the speed probe ended, is ~9 min here). MiniLM's INT8 file, timed
+    within a deadline: whatever variant is checked holds the absolute gates, and no floor is asked for."""
+    import shutil
+    import time
+
+    from tests.support.text_support import ensure_text_built
+    from tritonkit import kinds, paths
+    from tritonkit.int8 import floor
+    from tritonkit.repository.runtime_choice import choose
+
+    built = ensure_text_built()
+    shutil.copy(paths.SPECS / "text_embedding.toml", tmp_path / "text_embedding.toml")
+    kind = kinds.get("text_embedding", tmp_path)
+    asked = []
+    monkeypatch.setattr(floor, "measure", lambda *a, **k: asked.append(a) or {})
+    entry = choose(kind, built.fp32, built.int8, log=lambda _m: None, deadline=time.perf_counter() + 300)
+    record = entry["models"][kind.INT8_MODEL]
+    if not record.get("accuracy"):
+        pytest.skip(f"no variant was checked for accuracy on this CPU: {record['reason']}")
+    absolute = {t.metric: t for t in floor.targets(kind, None)}
+    for metrics in record.get("accuracy", {}).values():
+        assert all(absolute[m].met(metrics) for m in absolute), metrics
+    assert not asked, "a floor was measured for a variant that held the absolute gates"
+
+
 def test_the_served_int8_precision_follows_the_chosen_variant(monkeypatch):
     from tritonkit import kinds
     from tritonkit.repository import runtime_choice

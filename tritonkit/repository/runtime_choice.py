@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
-from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, row_count
+from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference_ready, row_count
 from tritonkit.serving import runtimes
 from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
 
@@ -265,11 +265,18 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
     return out
 
 
-def check_seconds(kind, batches, items_per_s: dict[str, float]) -> float:
+def _rate(items_per_s: dict[str, float]) -> float:
+    """Items a second at the largest timed batch size."""
+    return max(items_per_s[max(items_per_s, key=lambda b: int(b.removeprefix("batch")))], 1e-9)
+
+
+def check_seconds(kind, batches, items_per_s: dict[str, float], reference_per_s: dict[str, float] | None = None
+                  ) -> float:
     """About how long accuracy() takes on a variant that ran `items_per_s` (its largest timed batch's rate): the
-    test split's rows at that rate."""
+    test split's rows at that rate, plus, where `reference_per_s` is given (ONNX Runtime's rates: the FP32
+    reference is not computed yet), the FP32 graph's run over them."""
     rows = row_count(batches)
-    return rows / max(items_per_s[max(items_per_s, key=lambda b: int(b.removeprefix("batch")))], 1e-9)
+    return rows / _rate(items_per_s) + (rows / _rate(reference_per_s) if reference_per_s else 0.0)
 
 
 def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int, batches=None) -> dict[str, float]:
@@ -388,9 +395,11 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     if any(r < ROUNDS for r in rounds.values()):
         record["rounds"] = rounds
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
-    # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.floor).
+    # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.floor). A floor only loosens the absolute
+    # gates, so it is measured only for a variant that misses them (MPNet's: ~9 min on 2 cores, where the search
+    # ended before its floor).
     if gated:
-        targets = floor.targets(kind, floor.split_floor(floor.measure(kind, fp32, floor.PRECISION["served"]), "test"))
+        targets = floor.targets(kind, None)
     else:
         text = hasattr(kind, "DIM")
         targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
@@ -400,7 +409,8 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
             reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
             break
         if deadline is not None:
-            need, left = check_seconds(kind, batches, speed[variant]), deadline - time.perf_counter()
+            unready = None if reference_ready(kind, fp32, "test", batches) else speed[DEFAULT]
+            need, left = check_seconds(kind, batches, speed[variant], unready), deadline - time.perf_counter()
             if need > left:
                 record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x, its accuracy check (about {need:.0f} s) "
                                         f"not started: {max(left, 0.0):.0f} s of the build's budget left")
@@ -409,6 +419,18 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
         metrics = accuracy(kind, file, fp32, variant, threads, batches)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
         problems = missed(targets, metrics)
+        if problems and gated:  # the floor may loosen what it missed
+            if deadline is not None:
+                need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], 1 / _rate(speed[DEFAULT]))
+                left = deadline - time.perf_counter()
+                if need > left:
+                    record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x misses the absolute gates; its bf16 "
+                                            f"floor (about {need:.0f} s) not measured: {max(left, 0.0):.0f} s of "
+                                            "the build's budget left")
+                    reasons.append(record["budget_cut"])
+                    break
+            half = floor.measure(kind, fp32, floor.PRECISION["served"])
+            problems = missed(floor.targets(kind, floor.split_floor(half, "test")), metrics)
         if gated and not envinfo.int8_sums_exact() and VARIANTS[variant][0] != DEFAULT:
             # ONNX Runtime takes the exact path on this class (backend_utils.EXACT_INT8_ENTRY); another runtime
             # must show it computes the same, since the recipe was proven in exact arithmetic.
