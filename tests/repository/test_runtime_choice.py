@@ -97,15 +97,17 @@ def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tm
     assert json.loads(choice_path(kind).read_text())["classes"][envinfo.int8_class()] == entry
 
 
-def test_an_accuracy_check_counts_the_fp32_reference_it_still_has_to_compute():
-    from tritonkit import kinds
+def test_an_accuracy_check_counts_the_fp32_reference_it_still_has_to_compute(monkeypatch):
+    """From the FP32 graph's seconds a row on the split with every core: the variant at its threads and speed-up,
+    plus the FP32 run where its reference is still to compute."""
+    import os
+
     from tritonkit.repository.runtime_choice import check_seconds
 
-    batches = kinds.get("text_embedding").eval_batches("test")
-    rows = sum(len(b["input_ids"]) for b in batches)
-    fast, reference = {"batch1": 10.0, "batch32": 100.0}, {"batch1": 5.0, "batch32": 50.0}  # the largest batch's
-    assert check_seconds(None, batches, fast) == pytest.approx(rows / 100)
-    assert check_seconds(None, batches, fast, reference) == pytest.approx(rows / 100 + rows / 50)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert check_seconds(1000, 0.01, 2.0, 1, False) == pytest.approx(1000 * 0.01 * 2 / 2.0)
+    assert check_seconds(1000, 0.01, 2.0, 2, True) == pytest.approx(1000 * 0.01 * (1 / 2.0 + 1))
+    assert check_seconds(1000, 0.01, 1.0, 4, False) == pytest.approx(10.0)  # more threads than cores: no credit
 
 
 def test_an_int8_file_that_holds_the_absolute_gates_needs_no_floor(tmp_path, monkeypatch):

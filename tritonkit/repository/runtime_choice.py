@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -270,13 +271,13 @@ def _rate(items_per_s: dict[str, float]) -> float:
     return max(items_per_s[max(items_per_s, key=lambda b: int(b.removeprefix("batch")))], 1e-9)
 
 
-def check_seconds(kind, batches, items_per_s: dict[str, float], reference_per_s: dict[str, float] | None = None
-                  ) -> float:
-    """About how long accuracy() takes on a variant that ran `items_per_s` (its largest timed batch's rate): the
-    test split's rows at that rate, plus, where `reference_per_s` is given (ONNX Runtime's rates: the FP32
-    reference is not computed yet), the FP32 graph's run over them."""
-    rows = row_count(batches)
-    return rows / _rate(items_per_s) + (rows / _rate(reference_per_s) if reference_per_s else 0.0)
+def check_seconds(rows: int, row_s: float, gain: float, threads: int, reference: bool) -> float:
+    """About how long accuracy() takes: the variant over the test split's `rows`, from the FP32 graph's seconds a
+    row there on ONNX Runtime with every core (`row_s`, floor.row_seconds; the speed mixes' texts are shorter than
+    the split's), at `threads` cores and `gain` times ONNX Runtime's speed; plus that FP32 run itself where the
+    `reference` is still to compute. Cores are counted as if they scaled perfectly: it errs towards cutting."""
+    cores = os.cpu_count() or 1
+    return rows * row_s * (max(1.0, cores / threads) / max(gain, 1e-9) + (1.0 if reference else 0.0))
 
 
 def accuracy(kind, path: Path, fp32: Path, variant: str, threads: int, batches=None) -> dict[str, float]:
@@ -403,14 +404,16 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     else:
         text = hasattr(kind, "DIM")
         targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
-    runtime, reasons, batches = DEFAULT, [], kind.eval_batches("test")
+    runtime, reasons, batches, row_s = DEFAULT, [], kind.eval_batches("test"), None
     for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
         if gains[variant] < MIN_GAIN:
             reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
             break
         if deadline is not None:
-            unready = None if reference_ready(kind, fp32, "test", batches) else speed[DEFAULT]
-            need, left = check_seconds(kind, batches, speed[variant], unready), deadline - time.perf_counter()
+            row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32, "test")
+            need = check_seconds(row_count(batches), row_s, _rate(speed[variant]) / _rate(speed[DEFAULT]), threads,
+                                 not reference_ready(kind, fp32, "test", batches))
+            left = deadline - time.perf_counter()
             if need > left:
                 record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x, its accuracy check (about {need:.0f} s) "
                                         f"not started: {max(left, 0.0):.0f} s of the build's budget left")
@@ -421,7 +424,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
         problems = missed(targets, metrics)
         if problems and gated:  # the floor may loosen what it missed
             if deadline is not None:
-                need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], 1 / _rate(speed[DEFAULT]))
+                need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], row_s)
                 left = deadline - time.perf_counter()
                 if need > left:
                     record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x misses the absolute gates; its bf16 "
