@@ -93,8 +93,10 @@ def compare(kind, fp32: Path, out: Path) -> int:
     out = Path(out)
     run = json.loads((out / "run.json").read_text())
     slack, variants = getattr(kind, "FLOOR_SLACK", {}), run["variants"]
-    # Whole splits: the floor a build records (the committed floors file). A bundle's first batches: measured here.
+    # Whole splits: the floor a build records (the committed floors file). A bundle's first batches: measured here,
+    # with one float16 session for both splits.
     recorded = floor.measure(kind, fp32, "fp16") if run["full"] else None
+    half = None if recorded is not None else floor.RUNNERS["fp16"](Path(fp32))
     print(f"{kind.NAME} on {run['device']}, torch {run['torch']}, sentence-transformers "
           f"{run['sentence_transformers']}, {'whole splits' if run['full'] else 'first batches of each split'}\n")
     print(f"| split | metric | {' | '.join(variants)} | emulated fp16 | fp16 − emulated "
@@ -107,10 +109,9 @@ def compare(kind, fp32: Path, out: Path) -> int:
         ref = reference(kind, fp32, split, batches)[: row_count(taken)]  # the whole split's, as cached
         got = {v: np.load(out / f"{split}.{v}.npy") for v in variants}
         metrics = {v: kind.gate_metrics(ref, g) for v, g in got.items()}
-        if recorded is not None:
+        if half is None:
             emulated = recorded[split]
         else:
-            half = floor.RUNNERS["fp16"](Path(fp32))
             emulated = kind.gate_metrics(ref, np.concatenate([half(b) for b in taken]).astype(np.float32))
         for metric in slack:
             diff = metrics["fp16"][metric] - emulated[metric] if "fp16" in metrics else 0.0

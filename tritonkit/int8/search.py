@@ -1387,7 +1387,7 @@ class Search:
                 why += f" within the search budget ({self.budget_s / 60:.0f} min)"
             return self._result(None, {}, {}, {}, failed, t0, why, accurate=accurate)
         looks = confirmation_order(ok, {_key(r): self._split_metrics.get(_key(r)) for r, _ in ok}, self.rank_targets)
-        misses = []
+        misses, why, first = [], [], None  # each look's miss (a report entry; the reason's part); the first look's
         for i, (recipe, speed) in enumerate(looks):
             if i and not self.fits("test", f"second look: {recipe.describe()}", self.estimate("test")):
                 break
@@ -1397,17 +1397,16 @@ class Search:
             self.log("[search] confirming on the test split" + (f" (second look, {recipe.describe()}: the most "
                                                                 "accurate on validation)" if i else ""))
             test, ok_test = self._on_test(model)
+            first = first or (validation, test)
             if ok_test:
                 failed[:0] = misses
                 return self._result(recipe, validation, test, speed, failed, t0, "", chosen=recipe)
             missing = "; ".join(missed(self.targets["test"], test))
             misses.append({"recipe": recipe.describe(), "test": test, "accuracy": f"test split: {missing}"})
-        recipe, speed = looks[0]
-        reason = "test split: " + "; ".join(f"{m['recipe']}: {m['accuracy'].removeprefix('test split: ')}"
-                                            for m in misses)
-        failed[:0] = misses[1:]
-        return self._result(None, self._split_metrics.get(_key(recipe)) or {}, misses[0]["test"], speed, failed, t0,
-                            reason, chosen=recipe)
+            why.append(f"{recipe.describe()}: {missing}")
+        failed[:0] = misses[1:]  # the first look's miss is the result's own (chosen, test)
+        return self._result(None, first[0], first[1], looks[0][1], failed, t0, "test split: " + "; ".join(why),
+                            chosen=looks[0][0])
 
     def _sort_by_speed(self, ok: list, slow: list, failed: list, found: list[tuple[Recipe, dict]]) -> None:
         """Candidates that held every accuracy gate go to `ok`, or to `slow` (and `failed`) where the speed gate
