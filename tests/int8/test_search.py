@@ -1326,3 +1326,25 @@ def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_
         assert workspace.prepared and not workspace.ranges and not workspace.stats  # graphs shared, ranges not
     finally:
         workspace.close()
+
+
+@pytest.mark.parametrize("gate, probed", [(100.0, 4), (0.01, 1)])
+def test_the_speed_probe_ends_at_the_first_start_that_clears_the_gate_everywhere(tiny, gate, probed):
+    """A start over the gate at every served batch size ends the probe (the others cannot make a ceiling of it);
+    under a gate no start clears, every start is probed and the fastest decides."""
+    path, _ = tiny
+    spec = TinySpec()
+    spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=gate)
+    spec.SEARCH_PRIOR = {"form": "uint8", "placement": "all"}  # the last start in the listed order
+    lines: list[str] = []
+    workspace = search.Workspace()
+    try:
+        s = search.Search(search.FewCalibrationBatches(spec), path, ["int8", "uint8"], check_speed=True,
+                          progress=False, log=lines.append, workspace=workspace.graphs_only())
+        got = s.speed_probe()
+    finally:
+        workspace.close()
+    assert (got is None) == (gate < 1.0)
+    assert sum("speed x" in line for line in lines) == probed, lines
+    assert "uint8-all" in next(line for line in lines if "speed x" in line)  # the prior's start first
+    assert sum("speed ceiling" in line for line in lines) == 1, lines
