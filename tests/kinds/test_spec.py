@@ -153,3 +153,22 @@ def test_larger_encoders_calibrate_in_smaller_batches():
     assert (minilm.calibration_batch, mpnet.calibration_batch) == (16, 4)
     assert mpnet.calibration_batch_count() == 4 * minilm.calibration_batch_count()
     assert max(len(b["input_ids"]) for b in mpnet.calibration_batches()) == 4
+
+
+@pytest.mark.parametrize(("architecture", "pad_id"), [("bert", 0), ("mpnet", 1), ("roberta", 1), ("distilbert", 0)])
+def test_every_declared_family_exports_what_sentence_transformers_computes(tmp_path, architecture, pad_id):
+    """`add` reads each supported family's facts, and its export matches sentence-transformers' own encode on real
+    texts, padded and unpadded (RoBERTa counts positions from its pad id; DistilBERT takes no segment ids)."""
+    from tritonkit.export import ExportSpec, export_onnx, validate_onnx
+
+    st = sentence_transformers_dir(tmp_path / architecture, architecture=architecture, pooling="mean",
+                                   normalize=True, hidden=32)
+    facts = inspect_directory(st)
+    assert (facts["architecture"], facts["pad_id"]) == (architecture, pad_id)
+    kind = kinds.from_spec(specs.load(add.add(add.text_spec(f"tiny_{architecture}", str(st), 8),
+                                              directory=tmp_path / "models")))
+    grid = [{"batch": 1, "seq": 8, "start": 0}, {"batch": 5, "seq": 64, "start": 1}]
+    spec = ExportSpec(**{**kind.EXPORT.__dict__, "validation_grid": grid})
+    path = export_onnx(spec, tmp_path / f"{architecture}.onnx")
+    result = validate_onnx(spec, path, progress=False)
+    assert result.failures == 0 and result.samples == 6 and result.summary["min"] >= spec.tolerance

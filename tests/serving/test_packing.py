@@ -71,7 +71,8 @@ def _export(tmp_path, architecture, pooling, normalize):
 
 
 @pytest.mark.parametrize(("architecture", "pooling", "normalize"),
-                         [("bert", "mean", True), ("mpnet", "cls", False), ("bert", "mean_sqrt_len", False)])
+                         [("bert", "mean", True), ("mpnet", "cls", False), ("bert", "mean_sqrt_len", False),
+                          ("roberta", "mean", True), ("distilbert", "cls", False)])
 def test_packed_graph_gives_each_text_its_padded_embedding(tmp_path, architecture, pooling, normalize):
     import onnx
     import onnxruntime as ort

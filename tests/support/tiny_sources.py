@@ -16,7 +16,17 @@ def sentence_transformers_dir(path: Path, architecture: str = "bert", pooling: s
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as st_models
-    from transformers import AutoTokenizer, BertConfig, BertModel, MPNetConfig, MPNetModel
+    from transformers import (
+        AutoTokenizer,
+        BertConfig,
+        BertModel,
+        DistilBertConfig,
+        DistilBertModel,
+        MPNetConfig,
+        MPNetModel,
+        RobertaConfig,
+        RobertaModel,
+    )
 
     torch.manual_seed(0)
     if architecture == "bert":
@@ -24,6 +34,16 @@ def sentence_transformers_dir(path: Path, architecture: str = "bert", pooling: s
         config = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=2 * hidden, max_position_embeddings=512)
         model = BertModel(config)
+    elif architecture == "distilbert":  # BERT's WordPiece vocabulary, no segment ids
+        tok_dir = kinds.get("text_embedding").model_dir()
+        config = DistilBertConfig(vocab_size=30522, dim=hidden, n_layers=2, n_heads=2, hidden_dim=2 * hidden,
+                                  max_position_embeddings=512)
+        model = DistilBertModel(config)
+    elif architecture == "roberta":  # positions counted from the pad id, as RoBERTa's own (MPNet's tokenizer: pad 1)
+        tok_dir = kinds.get("all_mpnet_base_v2").model_dir()
+        config = RobertaConfig(vocab_size=30527, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=2 * hidden, max_position_embeddings=514, pad_token_id=1)
+        model = RobertaModel(config)
     elif architecture == "mpnet":
         tok_dir = kinds.get("all_mpnet_base_v2").model_dir()
         config = MPNetConfig(vocab_size=30527, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
