@@ -64,6 +64,7 @@ def test_the_files_share_a_build_budget_by_their_work(monkeypatch):
     monkeypatch.setattr(envinfo, "has_bf16", lambda: False)
     assert shares(kind, both) == pytest.approx([2 / 3, 1.0])
     assert shares(kind, both[1:]) == [1.0]
+    assert shares(kind, both, frozenset({kind.FP32_MODEL})) == [1.0, 1.0]  # its timings borrowed: no work
 
 
 def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tmp_path):
@@ -237,3 +238,40 @@ def test_an_fp32_fallbacks_packed_form_is_its_twins_with_the_fallbacks_marks(tmp
     texts = data.eval_texts("test")[:40]
     twin = kind.embed_packed(session(packing.packed_path(built.fp32)), texts)
     assert np.array_equal(kind.embed_packed(session(packed), texts), twin)
+
+
+def test_an_fp32_fallback_at_its_twins_threads_is_timed_once(tmp_path):
+    """An FP32 fallback under the INT8 name is its FP32 twin's graph; at the same threads the twin's timings are
+    the INT8 name's, measured once (Lite1's files; a new model's at the default threads). The INT8 name then has the
+    whole budget. A real INT8 graph is not the same graph, so its twin is timed itself."""
+    import shutil
+    import time
+
+    from tests.support.text_support import ensure_text_built
+    from tritonkit import build, kinds, paths
+    from tritonkit.int8 import recipe
+    from tritonkit.repository.runtime_choice import choose, same_graph, served_file
+
+    built = ensure_text_built()
+    spec = (paths.SPECS / "text_embedding.toml").read_text()
+    assert "model_threads = 1\n" in spec
+    (tmp_path / "text_embedding.toml").write_text(spec.replace("model_threads = 1\n", "model_threads = 2\n"))
+    kind = kinds.get("text_embedding", tmp_path)
+    assert kind.spec.serving.model_threads == kind.spec.serving.fp32_threads == 2
+    out = tmp_path / "fallback_twin_model" / "1" / "model.onnx"
+    out.parent.mkdir(parents=True)
+    recipe.write_fp32_fallback(built.fp32, out, "a test's fallback")
+    try:
+        build.build_packed(kind, out, None, force=True, twin=built.fp32)
+    finally:  # the build's stamp for this test's made-up model
+        build._stamp_path(kind.NAME, "packed.fallback_twin_model").unlink(missing_ok=True)
+    assert same_graph(served_file(out), served_file(built.fp32))
+    assert not same_graph(served_file(built.int8), served_file(built.fp32))
+    logged: list[str] = []
+    entry = choose(kind, built.fp32, out, log=logged.append, deadline=time.perf_counter() + 240)
+    int8, fp32 = entry["models"][kind.INT8_MODEL], entry["models"][kind.FP32_MODEL]
+    assert "items_per_s" in int8, int8
+    assert fp32["timed_as"] == kind.INT8_MODEL and fp32["threads"] == int8["threads"] == 2
+    assert fp32["items_per_s"] == {v: int8["items_per_s"][v] for v in ("onnxruntime", "openvino")}
+    assert sum(line.startswith(f"{kind.NAME}: timing ") for line in logged) == 1, logged
+    shutil.rmtree(out.parent.parent)

@@ -349,13 +349,37 @@ def variants_for(gated: bool) -> list[str]:
     return ["onnxruntime", "openvino"] + (["openvino-bf16"] if gated and envinfo.has_bf16() else [])
 
 
-def shares(kind, pending: list[tuple[str, bool]]) -> list[float]:
+def shares(kind, pending: list[tuple[str, bool]], borrowed: frozenset[str] = frozenset()) -> list[float]:
     """The fraction of a build's budget left each (model, gated) file to measure may take, in turn, of what is left
     when its turn comes: by its work, the variants it is timed as over its served threads (MPNet's INT8 name times
     three variants at one thread, its FP32 file two at two; an even split cut the first's batch 32 and left the
-    second ~165 s unused)."""
-    work = [len(variants_for(gated)) / served_threads(kind, model) for model, gated in pending]
-    return [w / sum(work[i:]) for i, w in enumerate(work)]
+    second ~165 s unused). A model in `borrowed` takes its timings from another file (twin_timings): no work."""
+    work = [0.0 if model in borrowed else len(variants_for(gated)) / served_threads(kind, model)
+            for model, gated in pending]
+    return [w / sum(work[i:]) if sum(work[i:]) else 1.0 for i, w in enumerate(work)]
+
+
+def same_graph(a: Path, b: Path) -> bool:
+    """Whether two ONNX files hold the same graph, whatever their metadata: an FP32 fallback under the INT8 name is
+    its FP32 twin's graph with the fallback's marks (recipe.write_fp32_fallback, build.build_packed)."""
+    import onnx
+
+    a, b = Path(a), Path(b)
+    if not (a.exists() and b.exists()) or abs(a.stat().st_size - b.stat().st_size) > 1 << 20:
+        return False
+
+    def graph(path: Path) -> bytes:
+        return onnx.load(str(path), load_external_data=False).graph.SerializeToString()
+
+    return graph(a) == graph(b)
+
+
+def twin_timings(record: dict | None) -> dict | None:
+    """The FP32 file's timings from the INT8 name's `record`, where that file is an FP32 fallback of the same graph
+    at the same threads (choose decides): the variants the FP32 file is timed as, if the record timed them all."""
+    speed = (record or {}).get("items_per_s") or {}
+    wanted = variants_for(False)
+    return {v: speed[v] for v in wanted} if all(v in speed for v in wanted) else None
 
 
 def reusable(old: dict | None, digest: str, source: str, served: str, threads: int) -> bool:
@@ -368,12 +392,13 @@ def reusable(old: dict | None, digest: str, source: str, served: str, threads: i
 
 
 def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str,
-                 deadline: float | None = None) -> dict:
+                 deadline: float | None = None, timed: dict | None = None) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime. `deadline` (time.perf_counter): the timing takes TIMING_SHARE of what is left
     (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
-    the record's `budget_cut` says so (a later build measures again, reusable)."""
+    the record's `budget_cut` says so (a later build measures again, reusable). `timed`: its timings, measured on
+    the same graph at the same threads (twin_timings); its accuracy checks are its own."""
     from tritonkit.int8 import floor
     from tritonkit.kinds.gates import Target, missed
 
@@ -383,7 +408,8 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     budget = None if deadline is None else max(deadline - time.perf_counter(), 0.0) * TIMING_SHARE
     rounds: dict[str, int] = {}
     try:
-        speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, budget_s=budget, rounds_used=rounds)
+        speed = timed or time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, budget_s=budget,
+                                       rounds_used=rounds)
     except BudgetSpent as spent:
         cut = f"timing cut by the build's budget ({spent}; batch sizes timed: {', '.join(rounds) or 'none'})"
         return {"file": paths.rel(file), "sha256": digest, "threads": threads, "runtime": DEFAULT, "reason": cut,
@@ -392,7 +418,8 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
              for v in variants}
     record = {"file": paths.rel(file), "sha256": digest, "threads": threads, "items_per_s": speed,
-              "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {}}
+              "vs_onnxruntime": {v: round(g, 3) for v, g in gains.items()}, "accuracy": {},
+              **({"timed_as": kind.INT8_MODEL} if timed else {})}
     if any(r < ROUNDS for r in rounds.values()):
         record["rounds"] = rounds
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
@@ -484,22 +511,32 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
                 + (f"; on {here} here, a CPU without native bf16" if here != old["runtime"] else ""))
             continue
         measured[model] = (path, gated, digest, source)
-    fractions = shares(kind, [(model, gated) for model, (_, gated, *_) in measured.items()])
+    # An FP32 fallback under the INT8 name at the FP32 file's threads runs the same graph: timed once, as the INT8
+    # name (Lite1's files; a new model's at the default threads), which then has the FP32 file's share too.
+    twin = (kind.FP32_MODEL in measured and kind.INT8_MODEL in files
+            and served_threads(kind, kind.INT8_MODEL) == served_threads(kind, kind.FP32_MODEL)
+            and same_graph(served_file(files[kind.INT8_MODEL][0]), served_file(fp32)))
+    borrowed = frozenset({kind.FP32_MODEL} if twin else ())
+    fractions = shares(kind, [(model, gated) for model, (_, gated, *_) in measured.items()], borrowed)
     for (model, (path, gated, digest, source)), fraction in zip(measured.items(), fractions, strict=True):
         served, end = paths.rel(served_file(path)), None
+        timed = twin_timings(records.get(kind.INT8_MODEL)) if model in borrowed else None
         if deadline is not None:
             now = time.perf_counter()
             end = now + (deadline - now) * fraction
-            if end <= now:
+            if end <= now and timed is None:
                 cut = "not measured: the build's budget was spent"
                 records[model] = {"file": served, "sha256": digest, "threads": served_threads(kind, model),
                                   "runtime": DEFAULT, "reason": cut, "budget_cut": cut, "source": source}
                 log(f"{kind.NAME}: budget: timing {served} not started; {model} → {DEFAULT}. Measure with `python -m "
                     f"tritonkit.build {kind.NAME} --choose-runtime`")
                 continue
-        log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}"
-            + ("" if end is None else f" (within {end - time.perf_counter():.0f} s of the build's budget)"))
-        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end), "source": source}
+        if timed is not None:
+            log(f"{kind.NAME}: {served} is {kind.INT8_MODEL}'s graph at its threads: its timings are that file's")
+        else:
+            log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}"
+                + ("" if end is None else f" (within {end - time.perf_counter():.0f} s of the build's budget)"))
+        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end, timed), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
         data["classes"][cpu_class] = {
