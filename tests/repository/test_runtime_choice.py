@@ -242,7 +242,7 @@ def test_an_fp32_fallbacks_packed_form_is_its_twins_with_the_fallbacks_marks(tmp
 
 def test_an_fp32_fallback_at_its_twins_threads_is_timed_once(tmp_path):
     """An FP32 fallback under the INT8 name is its FP32 twin's graph; at the same threads the twin's timings are
-    the INT8 name's, measured once (Lite1's files; a new model's at the default threads). The INT8 name then has the
+    the INT8 name's, measured once (Lite1's files; an added image model's). The INT8 name then has the
     whole budget. A real INT8 graph is not the same graph, so its twin is timed itself."""
     import shutil
     import time

@@ -512,7 +512,7 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
             continue
         measured[model] = (path, gated, digest, source)
     # An FP32 fallback under the INT8 name at the FP32 file's threads runs the same graph: timed once, as the INT8
-    # name (Lite1's files; a new model's at the default threads), which then has the FP32 file's share too.
+    # name (Lite1's files; an added image model's, at the default threads), which then has the FP32 file's share too.
     twin = (kind.FP32_MODEL in measured and kind.INT8_MODEL in files
             and served_threads(kind, kind.INT8_MODEL) == served_threads(kind, kind.FP32_MODEL)
             and same_graph(served_file(files[kind.INT8_MODEL][0]), served_file(fp32)))
