@@ -8,10 +8,11 @@ VENV=${VENV:-.venv}
 
 # libb64-0d: perf_analyzer links libb64.so.0d; prometheus (+ promtool): the monitoring tests run the real one;
 # wrk: the native HTTP load generator that drives our server and the peer servers alike (tritonkit.perf.peers);
+# qemu-user: runs INT8 files on an emulated AVX2 CPU's own kernels (tritonkit.int8.emulated);
 # libjemalloc2: tritonserver's allocator (tritonkit.runtime.server: glibc keeps the memory of a drained backlog);
 # fortunes wordnet-base bible-kjv manpages: sources of the held-out text corpus (tritonkit/data/make_eval_corpus.py);
 # tuxpaint-stamps-default mate-backgrounds lomiri-wallpapers-16.04: the real photos of tritonkit/data/photos.py.
-APT_PACKAGES=(libb64-0d wrk prometheus libjemalloc2 fortunes wordnet-base bible-kjv manpages
+APT_PACKAGES=(libb64-0d wrk prometheus libjemalloc2 qemu-user fortunes wordnet-base bible-kjv manpages
               tuxpaint-stamps-default mate-backgrounds lomiri-wallpapers-16.04)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
