@@ -62,24 +62,11 @@ def test_served_int8_matmul_equals_exact_integer_arithmetic(tmp_path, monkeypatc
     np.testing.assert_allclose(got, exact, rtol=2e-6, atol=1e-4)
 
 
-# Inside the emulator: the stubs' runner (the class from $TRITONKIT_CPU_CLASS, as on a replica) and onnxruntime's
-# default session over the same feeds.
-_EMULATED = """
-import sys, numpy as np
-from tritonkit.int8 import emulated, evaluate
-from tritonkit.serving import runtimes
-path, feeds, out = sys.argv[1:4]
-x = np.load(feeds)
-runner = runtimes.open_runner("onnxruntime", path, {"name": "qdq", "parameters": {}})
-(served,), _ = runner.run(["y"], {"x": x}, len(x))
-default = evaluate.session(path).run(["y"], {"x": x})[0]
-np.savez(out, cpuid_class=emulated.cpuid_class(), served=served, default=default)
-"""
-
 
 def test_on_emulated_avx2_kernels_the_served_runner_sums_exactly_where_the_default_session_saturates(tmp_path):
     """The class's own kernels (MLAS dispatches on CPUID, which the emulator answers as an AVX2 CPU), not a faked
-    class on this machine's: the default session's saturating int16 pair sums show the kernels are AVX2's."""
+    class on this machine's: the default session's saturating int16 pair sums show the kernels are AVX2's. The
+    emulated run (tritonkit.int8.emulated.run) checks the CPUID it sees and opens the stubs' runners."""
     from tritonkit.int8 import emulated
 
     why = emulated.unavailable()
@@ -88,14 +75,18 @@ def test_on_emulated_avx2_kernels_the_served_runner_sums_exactly_where_the_defau
     rng = np.random.default_rng(0)
     path, w, w_scale, x_scale = _qdq_matmul(tmp_path, rng)
     x = (rng.choice([-127, 127, 126, -126], size=(32, K)) * x_scale).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    done = emulated.emulate("avx2", ["-c", _EMULATED, str(path), str(tmp_path / "x.npy"), str(tmp_path / "out.npz")],
-                            timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = np.load(tmp_path / "out.npz")
-    assert str(got["cpuid_class"]) == "avx2"
+    got = emulated.emulated_outputs(path, [{"x": x}], "avx2")
     xq = np.clip(np.rint(x / x_scale), -128, 127).astype(np.int64)
     exact = (xq @ w.astype(np.int64)).astype(np.float64) * float(x_scale) * w_scale.astype(np.float64)
-    np.testing.assert_allclose(got["served"], exact, rtol=2e-6, atol=1e-4)
+    np.testing.assert_allclose(got["onnxruntime"], exact, rtol=2e-6, atol=1e-4)
     # Without the exact path the same kernels saturate: far from exact (so the check above could fail).
-    assert np.abs(got["default"] - exact).max() > 1.0
+    assert np.abs(got[emulated.DEFAULT_SESSION] - exact).max() > 1.0
+
+
+def test_an_emulated_run_refuses_a_cpu_that_is_not_the_class_asked_for(tmp_path):
+    """/proc/cpuinfo is the host's under the emulator; CPUID is what the kernels see, and the run checks it."""
+    from tritonkit.int8 import emulated
+
+    other = "generic" if emulated.cpuid_class() != "generic" else "avx2"
+    with pytest.raises(SystemExit, match=f"not {other}"):
+        emulated.run(tmp_path, other)

@@ -107,6 +107,18 @@ def run(directory: Path, cpu_class: str) -> None:
     np.savez(directory / "emulated.npz", **outputs)
 
 
+def emulated_outputs(path: Path, batches: Sequence[Mapping[str, np.ndarray]], cpu_class: str) -> dict:
+    """{way of computing: first output over `batches`} of the graph at `path` on an emulated `cpu_class` CPU."""
+    with tempfile.TemporaryDirectory(prefix="tritonkit-emulated-") as tmp:
+        (Path(tmp) / "model.onnx").symlink_to(Path(path).resolve())
+        _save(Path(tmp), batches)
+        done = emulate(cpu_class, ["-m", "tritonkit.int8.emulated", "run", tmp, "--cpu-class", cpu_class])
+        if done.returncode != 0:
+            raise RuntimeError(f"{path}: the emulated run failed ({done.returncode}): "
+                               f"{done.stderr[-2000:]}")
+        return dict(np.load(Path(tmp) / "emulated.npz"))
+
+
 def check_model(kind, cpu_class: str, rows: int) -> dict:
     """One model's record: per way of computing on the emulated class, its outputs against onnxruntime as served
     here (on a VNNI host: int8 products summed exactly in int32) and, where it is a served runtime, against itself
@@ -120,13 +132,7 @@ def check_model(kind, cpu_class: str, rows: int) -> dict:
     batches = pick_rows(kind, rows)
     here = {v: run_variant(v, path, batches, THREADS) for v in SERVED}
     exact = here["onnxruntime"]
-    with tempfile.TemporaryDirectory(prefix="tritonkit-emulated-") as tmp:
-        (Path(tmp) / "model.onnx").symlink_to(path.resolve())
-        _save(Path(tmp), batches)
-        done = emulate(cpu_class, ["-m", "tritonkit.int8.emulated", "run", tmp, "--cpu-class", cpu_class])
-        if done.returncode != 0:
-            raise RuntimeError(f"{kind.NAME}: the emulated run failed ({done.returncode}): {done.stderr[-2000:]}")
-        emulated = dict(np.load(Path(tmp) / "emulated.npz"))
+    emulated = emulated_outputs(path, batches, cpu_class)
     record: dict = {"file": paths.rel(path), "rows": len(exact), "ways": {}}
     for way, got in emulated.items():
         cos = cosine_min(got, exact)
