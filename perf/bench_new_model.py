@@ -9,7 +9,8 @@ in a temporary tree (TRITONKIT_SPECS / _MODEL_REPOSITORY / _BUILD_OUTPUTS), so t
 is the user's command, `python -m tritonkit.build <name>` (as `make build MODEL=<name>`), which searches because no
 recipe is committed; `--minutes` passes its budget. Prints the total, the seconds between the build's stage lines,
 and each form's outcome; the build's stamped log goes to build/reports/bench_new_model_<like>.log
-(`_no_bf16` added under TRITONKIT_NO_BF16=1: the build then sees a CPU without native bf16).
+(`_no_bf16` added under TRITONKIT_NO_BF16=1: the build then sees a CPU without native bf16; `_<class>` under
+TRITONKIT_CPU_CLASS: it acts as that class, judging INT8 in exact arithmetic off VNNI, on this CPU's kernels).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def main() -> int:
     args = parser.parse_args()
     layers = args.layers if args.layers is not None else DEFAULT_LAYERS[args.like]
     no_bf16 = os.environ.get(envinfo.NO_BF16_ENV) == "1"  # a CPU of the class without bf16, as the build sees it
-    log_path = paths.REPORTS / f"bench_new_model_{args.like}{'_no_bf16' * no_bf16}.log"
+    faked = os.environ.get(envinfo.CLASS_ENV)  # a CPU of another class: its sessions and exact judgement, our kernels
+    log_path = paths.REPORTS / f"bench_new_model_{args.like}{f'_{faked}' if faked else ''}{'_no_bf16' * no_bf16}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-bench-new-model-") as tmp:
         tree = Path(tmp)
@@ -88,7 +90,8 @@ def main() -> int:
     order = sorted(starts.items(), key=lambda kv: kv[1])
     spans = {stage: round((order[i + 1][1] if i + 1 < len(order) else total) - at, 1)
              for i, (stage, at) in enumerate(order)}
-    print(json.dumps({"like": args.like, "layers": layers, "no_bf16": no_bf16, "returncode": proc.returncode,
+    print(json.dumps({"like": args.like, "layers": layers, "no_bf16": no_bf16, "cpu_class": envinfo.int8_class(),
+                      "returncode": proc.returncode,
                       "total_s": round(total, 1),
                       "stage_s": spans, "outcome": outcome, "log": paths.rel(log_path)}, indent=2))
     return proc.returncode

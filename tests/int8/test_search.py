@@ -830,8 +830,8 @@ def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
 
 def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_int8_exactly(monkeypatch):
     """TensorRT sums int8 products exactly in int32. Where onnxruntime's fused kernels do too (VNNI), its
-    candidates are judged on them (about twice as fast as the unfused graph); elsewhere on the unfused graph. On a
-    VNNI CPU the fused kernels must then give the true sums of the form's int8 activations at both extremes."""
+    candidates are judged in a plain session; elsewhere in one asking for exact sums. On a VNNI CPU the fused
+    kernels must then give the true sums of the form's int8 activations at both extremes."""
     from tritonkit import envinfo
     from tritonkit.int8.recipe import exact_judgement
 

@@ -79,6 +79,7 @@ def test_on_emulated_avx2_kernels_the_served_runner_sums_exactly_where_the_defau
     xq = np.clip(np.rint(x / x_scale), -128, 127).astype(np.int64)
     exact = (xq @ w.astype(np.int64)).astype(np.float64) * float(x_scale) * w_scale.astype(np.float64)
     np.testing.assert_allclose(got["onnxruntime"], exact, rtol=2e-6, atol=1e-4)
+    np.testing.assert_allclose(got[emulated.JUDGED_SESSION], exact, rtol=2e-6, atol=1e-4)  # what a search judges
     # Without the exact path the same kernels saturate: far from exact (so the check above could fail).
     assert np.abs(got[emulated.DEFAULT_SESSION] - exact).max() > 1.0
 

@@ -7,9 +7,9 @@ not AVX-512). Numerics only: emulated time says nothing about the class's speed.
 
 Per model with an INT8 file under its INT8 name, a few rows of the test split run here (each runtime as served;
 on a VNNI host onnxruntime's int8 products are summed exactly in int32) and under the emulator (each runtime as a
-replica of the class serves it, and onnxruntime's default session, which sums u8s8 pairs in saturating int16
-without VNNI). The report says which compute what onnxruntime computes here (evaluate.EXACT_COSINE); 1 where
-onnxruntime as served there does not, 2 where the emulator is missing.
+replica of the class serves it, the session an INT8 search there judges in, and onnxruntime's default session,
+which sums u8s8 pairs in saturating int16 without VNNI). The report says which compute what onnxruntime computes
+here (evaluate.EXACT_COSINE); 1 where onnxruntime as served there does not, 2 where the emulator is missing.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ CPU_MODELS: Mapping[str, str] = {"avx2": "EPYC-Rome"}
 # How each run computes: the runtimes as served (tritonkit.serving.runtimes.VARIANTS) and the default session.
 SERVED = ("onnxruntime", "openvino")
 DEFAULT_SESSION = "onnxruntime-default-session"
+# The session an INT8 search judges accuracy in off VNNI (evaluate.session(exact=True)).
+JUDGED_SESSION = "onnxruntime-judged-session"
 THREADS = 2
 # The share of a split's batches, shortest first, that rows are picked from.
 SPREAD = 0.5
@@ -104,6 +106,7 @@ def run(directory: Path, cpu_class: str) -> None:
     model, batches = (directory / "model.onnx").resolve(), _load(directory)
     outputs = {v: run_variant(v, model, batches, THREADS) for v in SERVED}
     outputs[DEFAULT_SESSION] = run_batches(session(model, THREADS), batches)
+    outputs[JUDGED_SESSION] = run_batches(session(model, THREADS, exact=True), batches)
     np.savez(directory / "emulated.npz", **outputs)
 
 

@@ -17,14 +17,18 @@ _REFERENCES: dict[tuple, np.ndarray] = {}
 
 
 def session(model, threads: int = 0, exact: bool = False):
-    """A CPU session; `exact`: Q/DQ nodes run as written, never fused into onnxruntime's integer kernels, so an
-    INT8 graph computes what exact int32 accumulation does (TensorRT's arithmetic) on any CPU, not what this CPU's
-    kernels do (without VNNI, u8s8 products are summed in saturating int16 pairs)."""
+    """A CPU session; `exact`: int8 products summed exactly in int32 on every x86 class, as served sessions sum them
+    (backend_utils.EXACT_INT8_ENTRY; with VNNI the fused kernels already do), not in the saturating int16 pairs of
+    onnxruntime's u8s8 kernels without VNNI. The served arithmetic itself, fused kernels included (the unfused Q/DQ
+    graph rounds differently, enough to move a worst-case gate): on emulated AVX2 kernels it computes what VNNI's
+    do (tritonkit.int8.emulated)."""
     import onnxruntime as ort
 
+    from tritonkit.serving.backend_utils import EXACT_INT8_ENTRY
+
     options = ort.SessionOptions()
-    if exact:  # the Q/DQ fusions are extended optimizations; basic ones (constant folding) keep the arithmetic
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if exact:
+        options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

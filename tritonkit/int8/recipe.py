@@ -90,11 +90,9 @@ def search_command(kind) -> str:
 
 
 def exact_judgement(form: str) -> bool:
-    """Whether a form's accuracy is judged on the Q/DQ graph unfused (evaluate.session(exact=True)) rather than on
-    this CPU's integer kernels: wherever those do not sum int8 products exactly (no VNNI). Both forms are judged by
-    exact int32 sums on every CPU, as TensorRT and served sessions compute them (backend_utils.EXACT_INT8_ENTRY
-    without VNNI); with VNNI the fused kernels are that arithmetic and run the TensorRT form's candidates about
-    twice as fast as the unfused graph."""
+    """Whether a form's accuracy is judged in a session that asks for exact int32 sums (evaluate.session(exact=True)):
+    wherever this CPU's u8s8 kernels do not sum exactly (no VNNI). Both forms are then judged in the arithmetic
+    every served session computes on every class, as TensorRT sums too; with VNNI the plain session is that."""
     return not envinfo.int8_sums_exact()
 
 

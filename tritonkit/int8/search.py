@@ -503,7 +503,7 @@ class Search:
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
         self.speed_variants = speed_variants  # (FP32's, INT8's) serving variants: the speed gate times on them
-        self.exact = exact  # judge on the unfused Q/DQ graph: this CPU's kernels do not sum int8 exactly (no VNNI)
+        self.exact = exact  # judge in a session asking for exact int32 sums: this CPU lacks VNNI
         # Without a speed gate, compute stands in for speed (MIN_TENSORRT_INT8_SHARE); with one, speed decides.
         self.min_int8_share = (0.0 if check_speed else MIN_TENSORRT_INT8_SHARE) if min_int8_share is None \
             else min_int8_share
