@@ -62,7 +62,6 @@ def test_served_int8_matmul_equals_exact_integer_arithmetic(tmp_path, monkeypatc
     np.testing.assert_allclose(got, exact, rtol=2e-6, atol=1e-4)
 
 
-
 def test_on_emulated_avx2_kernels_the_served_runner_sums_exactly_where_the_default_session_saturates(tmp_path):
     """The class's own kernels (MLAS dispatches on CPUID, which the emulator answers as an AVX2 CPU), not a faked
     class on this machine's: the default session's saturating int16 pair sums show the kernels are AVX2's. The

@@ -45,24 +45,28 @@ def unavailable() -> str | None:
     return None
 
 
+# numpy's CPUID feature names beside the /proc/cpuinfo flags envinfo.int8_class reads.
+CPUID_FLAGS: Mapping[str, str] = {"AVX512VNNI": "avx512_vnni", "AVX512BW": "avx512bw", "AVX2": "avx2"}
+
+
 def cpuid_class() -> str:
-    """This process's INT8 class from CPUID as it sees it (numpy's runtime dispatch), not /proc/cpuinfo, which
-    the emulator does not rewrite: what MLAS and oneDNN see."""
+    """This process's INT8 class (envinfo.int8_class) from CPUID as it sees it (numpy's runtime dispatch), not
+    /proc/cpuinfo, which the emulator does not rewrite: what MLAS and oneDNN see."""
     from numpy.core._multiarray_umath import __cpu_features__ as has
 
-    if has.get("AVX512VNNI") or has.get("AVX512_CLX"):
-        return "vnni"
-    return "avx512" if has.get("AVX512BW") else "avx2" if has.get("AVX2") else "generic"
+    from tritonkit import envinfo
+
+    return envinfo.int8_class([flag for name, flag in CPUID_FLAGS.items() if has.get(name)])
 
 
-def emulate(cpu_class: str, argv: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+def emulate(cpu_class: str, argv: Sequence[str]) -> subprocess.CompletedProcess:
     """Run this interpreter with `argv` under the emulator as a `cpu_class` CPU; the tritonkit process inside acts
     as that class ($TRITONKIT_CPU_CLASS, no bf16), as a replica there does."""
     from tritonkit import envinfo
 
     env = {**os.environ, envinfo.CLASS_ENV: cpu_class, envinfo.NO_BF16_ENV: "1"}
-    return subprocess.run([QEMU, "-cpu", CPU_MODELS[cpu_class], sys.executable, *argv], env=env, timeout=timeout,
-                          capture_output=True, text=True)
+    return subprocess.run([QEMU, "-cpu", CPU_MODELS[cpu_class], sys.executable, *argv], env=env, capture_output=True,
+                          text=True)
 
 
 def int8_file(kind) -> Path | None:
@@ -117,8 +121,7 @@ def emulated_outputs(path: Path, batches: Sequence[Mapping[str, np.ndarray]], cp
         _save(Path(tmp), batches)
         done = emulate(cpu_class, ["-m", "tritonkit.int8.emulated", "run", tmp, "--cpu-class", cpu_class])
         if done.returncode != 0:
-            raise RuntimeError(f"{path}: the emulated run failed ({done.returncode}): "
-                               f"{done.stderr[-2000:]}")
+            raise RuntimeError(f"{path}: the emulated run failed ({done.returncode}): {done.stderr[-2000:]}")
         return dict(np.load(Path(tmp) / "emulated.npz"))
 
 
