@@ -9,8 +9,9 @@ in a temporary tree (TRITONKIT_SPECS / _MODEL_REPOSITORY / _BUILD_OUTPUTS), so t
 is the user's command, `python -m tritonkit.build <name>` (as `make build MODEL=<name>`), which searches because no
 recipe is committed; `--minutes` passes its budget. Prints the total, the seconds between the build's stage lines,
 and each form's outcome; the build's stamped log goes to build/reports/bench_new_model_<like>.log
-(`_no_bf16` added under TRITONKIT_NO_BF16=1: the build then sees a CPU without native bf16; `_<class>` under
-TRITONKIT_CPU_CLASS: it acts as that class, judging INT8 in exact arithmetic off VNNI, on this CPU's kernels).
+(`_L<n>` added for a --layers other than the default; `_no_bf16` under TRITONKIT_NO_BF16=1: the build then
+sees a CPU without native bf16; `_<class>` under TRITONKIT_CPU_CLASS: it acts as that class, judging INT8 in exact
+arithmetic off VNNI, on this CPU's kernels).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def main() -> int:
     layers = args.layers if args.layers is not None else DEFAULT_LAYERS[args.like]
     no_bf16 = os.environ.get(envinfo.NO_BF16_ENV) == "1"  # a CPU of the class without bf16, as the build sees it
     faked = os.environ.get(envinfo.CLASS_ENV)  # a CPU of another class: its sessions and exact judgement, our kernels
-    log_path = paths.REPORTS / f"bench_new_model_{args.like}{f'_{faked}' if faked else ''}{'_no_bf16' * no_bf16}.log"
+    cut = f"_L{layers}" if layers != DEFAULT_LAYERS[args.like] else ""  # another model: another log
+    log_path = paths.REPORTS / (f"bench_new_model_{args.like}{cut}{f'_{faked}' if faked else ''}"
+                                f"{'_no_bf16' * no_bf16}.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tritonkit-bench-new-model-") as tmp:
         tree = Path(tmp)

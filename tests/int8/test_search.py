@@ -1218,6 +1218,46 @@ def test_the_kinds_prior_float_nodes_are_one_candidate_before_the_scan(tiny, nam
         assert not result.steps[prior].passed and result.sensitivity[0]["units"][0]["unit"] == sensitive
 
 
+def test_a_samples_reference_is_the_whole_splits_rows_once_that_is_computed(tiny, monkeypatch):
+    """A sample (every third batch, plus the worst rows of others) takes its FP32 outputs from the whole split's
+    reference where that was computed already, instead of running the FP32 graph again; the same rows either way."""
+    path, _ = tiny
+    spec = _SlowSpec()  # six validation batches
+    hard = {1: [0, 5], 4: [2]}
+    evaluate._REFERENCES.pop(evaluate._reference_key(spec, path, "validation"), None)  # another test's
+    assert not evaluate.reference_ready(spec, path, "validation")
+    fresh = search.Evaluator(spec, path, "validation", stride=3, extra_rows=hard).ref  # the sample's own run
+    evaluate.reference(spec, path, "validation")
+    assert evaluate.reference_ready(spec, path, "validation")
+    with monkeypatch.context() as m:  # no session opened: the FP32 graph does not run again
+        m.setattr(search, "session", lambda *_a, **_k: pytest.fail("the sample ran the FP32 graph again"))
+        sliced = search.Evaluator(spec, path, "validation", stride=3, extra_rows=hard)
+    assert len(sliced.ref) == 64 * 2 + 3 and sliced.ref is not fresh
+    np.testing.assert_allclose(sliced.ref, fresh, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sliced.ref, evaluate.run_batches(evaluate.session(path), sliced.batches), atol=1e-6)
+
+
+def test_the_prior_float_nodes_go_on_the_priors_own_variant_first(tiny):
+    """The prior float nodes go on the variant with the prior's knobs even where another variant scored better with
+    every unit INT8: that score does not rank variants once the worst units stay float."""
+    path, sensitive = tiny
+    spec = TinySpec()
+    spec.SEARCH_PRIOR_FLOAT = ("^" + sensitive + "$",)
+    spec.SEARCH_PRIOR = {}
+    probe = search.Search(spec, path, ["int8"], **_QUIET)
+    track = probe.start()[0]
+    named = dict(probe.variants(track))
+    scores = {name: probe.measure("variant", name, r, evaluator=probe.sample).distortion
+              for name, r in named.items() if name != "as started"}
+    worst = max(scores, key=scores.get)
+    assert scores[worst] > min(scores.values()), scores  # else any rule would pick it
+    spec.SEARCH_PRIOR = {k: getattr(named[worst], k) for k in search.KNOBS
+                         if getattr(named[worst], k) != getattr(track.recipe, k)}
+    result = search.Search(spec, path, ["int8"], **_QUIET).run()
+    priors = [s for s in result.steps if s.stage == "prior"]
+    assert priors and priors[0].recipe == replace(named[worst], float_nodes=[sensitive]).describe(), priors
+
+
 @pytest.mark.parametrize("int8_variant, timed_on", [
     ("openvino", "openvino"),
     pytest.param("openvino-bf16", "onnxruntime", marks=pytest.mark.skipif(

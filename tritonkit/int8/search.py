@@ -33,7 +33,17 @@ import numpy as np
 
 from tritonkit.errors import SearchError
 from tritonkit.int8.checks import int8_share
-from tritonkit.int8.evaluate import EXACT_COSINE, as_file, cosine_min, reference, run_batches, run_variant, session
+from tritonkit.int8.evaluate import (
+    EXACT_COSINE,
+    as_file,
+    cosine_min,
+    reference,
+    reference_ready,
+    row_count,
+    run_batches,
+    run_variant,
+    session,
+)
 from tritonkit.int8.settings import QuantRecipe
 from tritonkit.int8.transforms import smoothable_tensors
 from tritonkit.kinds.gates import Target, missed
@@ -206,14 +216,20 @@ class Evaluator:
         self.spec, self.split = spec, split
         batches = spec.eval_batches(split)
         # Every stride-th batch: a cheaper sample for ranking many candidates; gates always use the whole split.
-        self.batches = [batches[i] for i in range(0, len(batches), stride)]
+        picked = [(i, None) for i in range(0, len(batches), stride)]
         # Plus, from the other batches, only the rows `extra_rows` names ({batch: rows}): the outliers that decide
         # worst-case gates ride along at the cost of those rows, not of their whole batches.
-        for i, rows in sorted((extra_rows or {}).items()):
-            if i % stride:
-                self.batches.append({k: v[rows] for k, v in batches[i].items()})
-        whole = stride == 1 and not extra_rows
-        self.ref = reference(spec, fp32, split, self.batches) if whole else run_batches(session(fp32), self.batches)
+        picked += [(i, rows) for i, rows in sorted((extra_rows or {}).items()) if i % stride]
+        self.batches = [batches[i] if rows is None else {k: v[rows] for k, v in batches[i].items()}
+                        for i, rows in picked]
+        if stride == 1 and not extra_rows:
+            self.ref = reference(spec, fp32, split, self.batches)
+        elif reference_ready(spec, fp32, split, batches):  # the whole split's, computed already: its rows
+            whole, starts = reference(spec, fp32, split, batches), np.cumsum([0] + [row_count([b]) for b in batches])
+            self.ref = np.concatenate([whole[starts[i]:starts[i + 1]][slice(None) if rows is None else rows]
+                                       for i, rows in picked])
+        else:
+            self.ref = run_batches(session(fp32), self.batches)
 
     def metrics(self, model, exact: bool = False) -> dict[str, float]:
         return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))
@@ -962,6 +978,14 @@ class Search:
         named |= {n for p in patterns if not p.startswith("family:") for n in nodes if re.search(p, n)}
         return [n for n in nodes if n in named]
 
+    def prior_variants(self, scored: Sequence[Recipe]) -> list[Recipe]:
+        """The variants the prior float nodes go on, in turn, of a track's `scored` ones (best first): the prior's own
+        knobs, where measured, then the best. An all-INT8 score does not rank variants for a recipe whose worst units
+        stay float: on all-MiniLM-L6-v2 itself (a new model's build, no bf16) the plain variant scored best at full
+        INT8 and missed with the prior float nodes (cosine min 0.9836), where the shipped recipe is smoothing's."""
+        prior = [v for v in scored if getattr(self.spec, "SEARCH_PRIOR", None) and not self._prior_misses(v, KNOBS)]
+        return prior[:1] + [v for v in scored[:1] if v not in prior[:1]]
+
     def prior_float(self, variant: Recipe) -> tuple[Recipe, dict] | None:
         """`variant` with the kind's prior float nodes (SEARCH_PRIOR_FLOAT: what its shipped models kept float),
         scored on the sample and, where it holds there, confirmed on the whole split and timed: (recipe, speed), else
@@ -1343,7 +1367,11 @@ class Search:
             if scored:
                 self._plan_track(scored[0][2], 0, len(scored))
             # What won on the kind's shipped models, before a scan the budget may not reach; it caps the fallbacks.
-            found = self.prior_float(scored[0][2]) if scored else None
+            found = None
+            for variant in self.prior_variants([v for _, _, v in scored]):
+                found = self.prior_float(variant)
+                if found is not None:
+                    break
             # The sample also carries the whole split's worst rows, which decide worst-case gates.
             # It must leave a scan of one unit and its fallback.
             if scored and self.fits("resample", "the whole split's worst rows", self.estimate("resample"),
