@@ -983,8 +983,8 @@ class Search:
         knobs, where measured, then the best. An all-INT8 score does not rank variants for a recipe whose worst units
         stay float: on all-MiniLM-L6-v2 itself (a new model's build, no bf16) the plain variant scored best at full
         INT8 and missed with the prior float nodes (cosine min 0.9836), where the shipped recipe is smoothing's."""
-        prior = [v for v in scored if getattr(self.spec, "SEARCH_PRIOR", None) and not self._prior_misses(v, KNOBS)]
-        return prior[:1] + [v for v in scored[:1] if v not in prior[:1]]
+        prior = [v for v in scored if self._priors_knobs(v)][:1]
+        return prior + [v for v in scored[:1] if v not in prior]
 
     def prior_float(self, variant: Recipe) -> tuple[Recipe, dict] | None:
         """`variant` with the kind's prior float nodes (SEARCH_PRIOR_FLOAT: what its shipped models kept float),
@@ -1114,6 +1114,10 @@ class Search:
         """How many of `knobs` that the kind's SEARCH_PRIOR names `r` sets otherwise (0: the prior's own)."""
         prior = getattr(self.spec, "SEARCH_PRIOR", None) or {}
         return sum(getattr(r, k) != prior[k] for k in knobs if k in prior)
+
+    def _priors_knobs(self, r: Recipe) -> bool:
+        """Whether `r` sets every knob as the kind's SEARCH_PRIOR does (False for a kind without one)."""
+        return bool(getattr(self.spec, "SEARCH_PRIOR", None)) and not self._prior_misses(r, KNOBS)
 
     def variants(self, track: Track) -> list[tuple[str, Recipe]]:
         """The track's knobs that matter for its graph: SmoothQuant alpha (MatMul models), bias correction or GPTQ
@@ -1358,9 +1362,8 @@ class Search:
                     continue
                 # Variants are options: one that does not fit is skipped alone, and any but the prior's must leave
                 # the rest of the track its time.
-                prior = bool(getattr(self.spec, "SEARCH_PRIOR", None)) and not self._prior_misses(variant, KNOBS)
                 step = self.measure("variant", name, variant, evaluator=self.sample,
-                                    ahead=0.0 if prior else self._after_variants())
+                                    ahead=0.0 if self._priors_knobs(variant) else self._after_variants())
                 if step is not None:
                     scored.append((step.distortion, name, variant))
             scored.sort(key=lambda v: v[0])
