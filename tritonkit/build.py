@@ -294,8 +294,8 @@ def arguments() -> argparse.ArgumentParser:
                              "no committed recipe) at M minutes of wall clock, end to end: export, floors, both "
                              "forms' searches, replays and the runtime choice (default "
                              f"{recipe.DEFAULT_BUDGET_S // 60}; 0: no cap). The search gets what the export left, "
-                             f"less {recipe.AFTER_SEARCH_SHARE:.0%} of M for the steps after it; it reports the best "
-                             "it found and what the budget cut")
+                             f"less {recipe.AFTER_SEARCH_SHARE * 100:.0f}%% of M for the steps after it; it reports "
+                             "the best it found and what the budget cut")
     parser.add_argument("--form", choices=list(recipe.FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
     parser.add_argument("--fresh", action="store_true",

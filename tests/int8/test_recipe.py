@@ -175,3 +175,11 @@ def test_serving_refuses_a_failed_or_foreign_int8_model(tmp_path):
     assert missing.returncode == 2 and "no INT8 report" in missing.stderr
     fallback = _check(tmp_path, {"status": "fp32-fallback", "passed": False, "env": other_pkg})
     assert fallback.returncode == 0, "an FP32 fallback is served (loudly), not refused"
+
+
+def test_the_build_commands_help_renders():
+    """`python -m tritonkit.build --help` once died formatting a percentage in a help string (argparse's %)."""
+    from tritonkit import build
+
+    text = build.arguments().format_help()
+    assert "--budget-minutes" in text and f"{build.recipe.AFTER_SEARCH_SHARE * 100:.0f}% of M" in text

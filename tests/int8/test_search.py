@@ -800,16 +800,19 @@ def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
 
 def _unit_scale_qdq_matmul(weight: np.ndarray, zero_point: np.ndarray, rows: int):
     """Y = DQ(Q(X)) @ DQ(W) with every scale 1, so its outputs are the integer dot products themselves; X's zero
-    point (0 of uint8 or int8) picks u8 or s8 activations."""
+    point (0 of uint8 or int8) picks u8 or s8 activations. The weights' zero point is explicit, as
+    onnxruntime.quantization writes it: without one, onnxruntime 1.23's exact-path rewrite on a real AVX2 CPU aborts
+    the process (an out-of-range input index), which VNNI CPUs never reach."""
     from onnx import TensorProto, helper, numpy_helper
 
     k, n = weight.shape
     nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
              helper.make_node("MatMul", ["xd", "wd"], ["y"])]
     inits = [numpy_helper.from_array(np.array(1.0, np.float32), "xs"), numpy_helper.from_array(zero_point, "xz"),
-             numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "ws")]
+             numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "ws"),
+             numpy_helper.from_array(np.array(0, np.int8), "wz")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
@@ -825,6 +828,19 @@ def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
     model = _unit_scale_qdq_matmul(np.full((k, 4), 127, np.int8), np.array(0, np.uint8), rows=2)
     x = np.full((2, k), 255.0, np.float32)
     got = evaluate.session(model, exact=True).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
+
+
+def test_a_kinds_session_computes_what_a_served_replica_of_this_cpu_computes(tmp_path):
+    """The packed graph's proof and the served-file checks run INT8 files through `Kind.session`: off VNNI it must
+    take the exact path as served (an AVX2 build once judged its packed MiniLM in saturating int16 pairs: top-10
+    overlap 0.909 against 0.96 as served), so on this CPU it gives the true sums of the products above."""
+    from tritonkit.kinds.base import Kind
+
+    k = 64
+    path = tmp_path / "qdq.onnx"
+    onnx.save(_unit_scale_qdq_matmul(np.full((k, 4), 127, np.int8), np.array(0, np.uint8), rows=2), str(path))
+    got = Kind.session(path).run(None, {"x": np.full((2, k), 255.0, np.float32)})[0]
     np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
 
 

@@ -44,6 +44,7 @@ def _qdq_matmul(tmp_path, rng):
 def test_served_int8_matmul_equals_exact_integer_arithmetic(tmp_path, monkeypatch, cpu_class):
     rng = np.random.default_rng(0)
     path, w, w_scale, x_scale = _qdq_matmul(tmp_path, rng)
+    real = envinfo.int8_class()
     # The class decides the session options (faked here); the kernels are this machine's.
     monkeypatch.setattr(envinfo, "int8_class", lambda features=None: cpu_class)
     runner = runtimes.open_runner("onnxruntime", path, {"name": "qdq", "parameters": {}})
@@ -52,6 +53,8 @@ def test_served_int8_matmul_equals_exact_integer_arithmetic(tmp_path, monkeypatc
     except Exception:  # onnxruntime raises for a key never set
         entry = None
     assert entry == (None if cpu_class == "vnni" else "1")
+    if cpu_class == "vnni" and real != "vnni":  # VNNI's plain session is exact by its kernels, which this CPU lacks
+        pytest.skip(f"this CPU is INT8 class {real}: a plain session sums in saturating int16 pairs here")
 
     # Activations at the ends of the int8 range: pairs of products reach 2 * 127 * 127 (with the u8 shift of
     # onnxruntime's kernels, 2 * 255 * 127), past int16.

@@ -38,9 +38,15 @@ THREADS = 2
 SPREAD = 0.5
 
 
-def unavailable() -> str | None:
-    """Why no class can be emulated here (None: it can)."""
-    if shutil.which(QEMU) is None:
+def native(cpu_class: str) -> bool:
+    """Whether this host already is a `cpu_class` CPU: its own kernels then run without the emulator (real
+    numerics of the class, and nothing of QEMU's instruction translation in between)."""
+    return cpuid_class() == cpu_class
+
+
+def unavailable(cpu_class: str = "avx2") -> str | None:
+    """Why `cpu_class` cannot be run here (None: it can, natively or emulated)."""
+    if not native(cpu_class) and shutil.which(QEMU) is None:
         return f"{QEMU} is not installed (Debian: apt-get install qemu-user; make setup installs it)"
     return None
 
@@ -65,8 +71,8 @@ def emulate(cpu_class: str, argv: Sequence[str]) -> subprocess.CompletedProcess:
     from tritonkit import envinfo
 
     env = {**os.environ, envinfo.CLASS_ENV: cpu_class, envinfo.NO_BF16_ENV: "1"}
-    return subprocess.run([QEMU, "-cpu", CPU_MODELS[cpu_class], sys.executable, *argv], env=env, capture_output=True,
-                          text=True)
+    prefix = [] if native(cpu_class) else [QEMU, "-cpu", CPU_MODELS[cpu_class]]
+    return subprocess.run([*prefix, sys.executable, *argv], env=env, capture_output=True, text=True)
 
 
 def int8_file(kind) -> Path | None:
@@ -153,7 +159,8 @@ def check_model(kind, cpu_class: str, rows: int) -> dict:
 
 def table(report: Mapping) -> str:
     """The report as markdown: a row per model and way of computing."""
-    lines = [f"CPU class {report['cpu_class']} emulated as QEMU `{report['cpu_model']}` on {report['host']}, "
+    how = "run natively" if report.get("native") else f"emulated as QEMU `{report['cpu_model']}`"
+    lines = [f"CPU class {report['cpu_class']} {how} on {report['host']}, "
              f"{report['date']}, against onnxruntime as served here.", "",
              "| model (rows) | computed as | cosine min | largest difference | same runtime here | exact |",
              "|---|---|---:|---:|---:|---|"]
@@ -174,14 +181,15 @@ def check(names: Sequence[str], cpu_class: str = "avx2", rows: int = 16) -> int:
 
     from tritonkit import envinfo, kinds, paths
 
-    why = unavailable()
+    why = unavailable(cpu_class)
     if why is not None:
         print(f"[emulated] cannot emulate a {cpu_class} CPU: {why}", file=sys.stderr)
         return 2
     report = {"cpu_class": cpu_class, "cpu_model": CPU_MODELS[cpu_class], "date": datetime.date.today().isoformat(),
-              "host": envinfo.cpu_model(), "rows": rows, "models": {}}
+              "host": envinfo.cpu_model(), "rows": rows, "native": native(cpu_class), "models": {}}
     for name in names or kinds.names():
-        print(f"[emulated] {name}: running its INT8 file on an emulated {cpu_class} CPU", flush=True)
+        how = "natively (this host is one)" if report["native"] else "emulated"
+        print(f"[emulated] {name}: running its INT8 file on a {cpu_class} CPU, {how}", flush=True)
         report["models"][name] = check_model(kinds.get(name), cpu_class, rows)
     out = paths.BUILD_OUTPUTS / "reports" / f"int8_{cpu_class}_emulated.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,9 +47,16 @@ class Kind:
 
     @staticmethod
     def session(path: Path, threads: int = 0):
+        """A CPU session in the arithmetic a served replica of this CPU computes: off VNNI an INT8 file's sums take
+        the exact path as served (backend_utils.session_options), not the default saturating int16 pairs."""
         import onnxruntime as ort
+
+        from tritonkit import envinfo
+        from tritonkit.serving.backend_utils import EXACT_INT8_ENTRY
 
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
+        if not envinfo.int8_sums_exact():
+            options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
