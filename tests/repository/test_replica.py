@@ -24,6 +24,9 @@ from tritonkit.repository import generate, replica
 from tritonkit.serving.marks import INT8_SERVED_PARAMETER
 
 SIZE = 32
+# Ten times the served-vs-file tolerance below: the tiny INT8 file answers apart from its FP32 twin by ~1e-3, a
+# little less on an AMD EPYC with AVX2 only (9.4e-4) than on a Xeon.
+APART = 1e-4
 RECIPE = {"form": "int8", "note": "the tiny test's recipe"}  # what the committed vnni entry proved
 
 
@@ -69,7 +72,7 @@ def tree(tmp_path_factory):
     want = {name: ort.InferenceSession(str(path)).run(["logits"], {"pixels": pixels})[0]
             for name, path in (("fp32", fp32), ("int8", int8))}
     # The two files must answer apart, or the served answers below could not tell which one ran.
-    assert np.abs(want["fp32"] - want["int8"]).max() > 1e-3
+    assert np.abs(want["fp32"] - want["int8"]).max() > APART
     return kind, repo, pixels, want
 
 
@@ -98,7 +101,7 @@ def test_a_replica_of_an_unproven_class_serves_fp32_under_the_int8_name(start_se
     server = _serve(start_server, kind, repo, monkeypatch, "avx2")
     got = _logits(server, kind.INT8_MODEL, pixels)
     np.testing.assert_allclose(got, want["fp32"], rtol=1e-5, atol=1e-5)
-    assert np.abs(got - want["int8"]).max() > 1e-3  # not the INT8 file vnni proved
+    assert np.abs(got - want["int8"]).max() > APART  # not the INT8 file vnni proved
     np.testing.assert_allclose(_logits(server, kind.FP32_MODEL, pixels), want["fp32"], rtol=1e-5, atol=1e-5)
     assert _gauge(server, kind.INT8_MODEL) == 0.0
     log = server.log_path.read_text()
