@@ -823,25 +823,18 @@ def _unit_scale_qdq_matmul(weight: np.ndarray, zero_point: np.ndarray, rows: int
 def test_exact_sessions_compute_int8_as_exact_integer_arithmetic(tmp_path):
     """u8 activations at 255 times s8 weights at 127: each pair of products (64,770) overflows int16, which
     onnxruntime's non-VNNI u8s8 kernels sum in saturating int16. The exact session (how both forms are judged there)
-    must give the true dot products on any CPU."""
-    k = 64
-    model = _unit_scale_qdq_matmul(np.full((k, 4), 127, np.int8), np.array(0, np.uint8), rows=2)
-    x = np.full((2, k), 255.0, np.float32)
-    got = evaluate.session(model, exact=True).run(None, {"x": x})[0]
-    np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
-
-
-def test_a_kinds_session_computes_what_a_served_replica_of_this_cpu_computes(tmp_path):
-    """The packed graph's proof and the served-file checks run INT8 files through `Kind.session`: off VNNI it must
-    take the exact path as served (an AVX2 build once judged its packed MiniLM in saturating int16 pairs: top-10
-    overlap 0.909 against 0.96 as served), so on this CPU it gives the true sums of the products above."""
+    must give the true dot products on any CPU, and so must `Kind.session`, which the packed graph's proof and the
+    served-file checks use: it computes as a served replica of this CPU (an AVX2 build once judged its packed MiniLM
+    in saturating int16 pairs: top-10 overlap 0.909 against 0.96 as served)."""
     from tritonkit.kinds.base import Kind
 
     k = 64
     path = tmp_path / "qdq.onnx"
     onnx.save(_unit_scale_qdq_matmul(np.full((k, 4), 127, np.int8), np.array(0, np.uint8), rows=2), str(path))
-    got = Kind.session(path).run(None, {"x": np.full((2, k), 255.0, np.float32)})[0]
-    np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
+    x = np.full((2, k), 255.0, np.float32)
+    for sess in (evaluate.session(path, exact=True), Kind.session(path)):
+        got = sess.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, np.full((2, 4), 255.0 * 127 * k, np.float32))
 
 
 def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_int8_exactly(monkeypatch):

@@ -24,11 +24,9 @@ def session(model, threads: int = 0, exact: bool = False):
     do (tritonkit.int8.emulated)."""
     import onnxruntime as ort
 
-    from tritonkit.serving.backend_utils import EXACT_INT8_ENTRY
+    from tritonkit.serving.backend_utils import exact_int8
 
-    options = ort.SessionOptions()
-    if exact:
-        options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
+    options = exact_int8(ort.SessionOptions(), exact)
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

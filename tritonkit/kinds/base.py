@@ -51,12 +51,9 @@ class Kind:
         the exact path as served (backend_utils.session_options), not the default saturating int16 pairs."""
         import onnxruntime as ort
 
-        from tritonkit import envinfo
-        from tritonkit.serving.backend_utils import EXACT_INT8_ENTRY
+        from tritonkit.serving.backend_utils import exact_int8
 
-        options = ort.SessionOptions()
+        options = exact_int8(ort.SessionOptions())
         if threads:
             options.intra_op_num_threads = threads
-        if not envinfo.int8_sums_exact():
-            options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -87,6 +87,17 @@ def usable_cpus() -> int:
 EXACT_INT8_ENTRY = "session.x64quantprecision"
 
 
+def exact_int8(options, exact: bool | None = None):
+    """`options` asking for exact int8 sums (EXACT_INT8_ENTRY) where `exact` says so or, by default, where this CPU's
+    u8s8 sums are not exact (no VNNI), as every served session does: with VNNI the u8u8 path would only be slower."""
+    from tritonkit import envinfo
+
+    wanted = (not envinfo.int8_sums_exact()) if exact is None else exact
+    if wanted:
+        options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
+    return options
+
+
 def session_options(config: dict):
     """onnxruntime SessionOptions from config parameters, same keys as the native ORT backend where one exists.
 
@@ -97,17 +108,13 @@ def session_options(config: dict):
     """
     import onnxruntime as ort
 
-    from tritonkit import envinfo
-
     options = ort.SessionOptions()
     default_intra = str(max(1, usable_cpus() // instance_count(config)))
     options.intra_op_num_threads = int(param(config, "intra_op_thread_count", default_intra))
     options.inter_op_num_threads = int(param(config, "inter_op_thread_count", "1"))
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", param(config, "allow_spinning", "0"))
-    if not envinfo.int8_sums_exact():  # with VNNI the u8s8 sums are exact and the u8u8 path would only be slower
-        options.add_session_config_entry(EXACT_INT8_ENTRY, "1")
-    return options
+    return exact_int8(options)
 
 
 def index_limits(model_path) -> dict[str, tuple[int, str]]:
