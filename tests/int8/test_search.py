@@ -608,12 +608,12 @@ def test_all_ops_placement_quantizes_an_element_wise_constant_as_an_activation(t
     """GELU's constants (0.5, sqrt 2, 1) go through onnxruntime's all-ops placement as activations: uint8 with a
     zero point. The uint8 form takes them, and still refuses a weighted op's weight that is not symmetric int8
     (every text encoder's uint8/all start was rejected before)."""
-    import onnxruntime as ort
     import torch
     from onnx import TensorProto, numpy_helper
 
     from tritonkit.errors import QuantizationError
     from tritonkit.int8 import quantize
+    from tritonkit.kinds.base import Kind
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
@@ -632,7 +632,8 @@ def test_all_ops_placement_quantizes_an_element_wise_constant_as_an_activation(t
     assert ("Mul", TensorProto.UINT8) in by_type and ("Gemm", TensorProto.INT8) in by_type, by_type
     with torch.no_grad():
         ref = net(torch.from_numpy(x)).numpy()
-    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # In the arithmetic a served replica of this CPU computes (off VNNI a default session saturates: 0.80 on AVX2).
+    got = Kind.session(out).run(None, {"x": x})[0]
     cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
     assert cos.min() > 0.99, cos.min()
     # A Gemm's weight made asymmetric uint8 is still refused.
@@ -1268,7 +1269,9 @@ def test_the_prior_float_nodes_go_on_the_priors_own_variant_first(tiny):
 
 
 @pytest.mark.parametrize("int8_variant, timed_on", [
-    ("openvino", "openvino"),
+    # OpenVINO's INT8 sums saturate off VNNI as onnxruntime's default session does (an AVX2 EPYC: cosine min 0.81
+    # against exact int32 here), so there the candidate misses run as openvino and is timed where it was judged.
+    ("openvino", "openvino" if __import__("tritonkit.envinfo").envinfo.int8_sums_exact() else "onnxruntime"),
     pytest.param("openvino-bf16", "onnxruntime", marks=pytest.mark.skipif(
         not __import__("tritonkit.envinfo").envinfo.has_bf16(),
         reason="needs a CPU with native bf16: without it OpenVINO computes the float layer in f32")),
