@@ -502,6 +502,19 @@ class _Prefixes:
         return k
 
 
+def _opens_exactly(model) -> None:
+    """Raises QuantizationError where onnxruntime's exact int8 path, which every served session off VNNI takes, cannot
+    open `model`: on an AVX2 EPYC its s8-to-u8 weight rewrite refused a tiny encoder's uint8/all start (a LayerNorm
+    weight's converted initializer added twice), which crashed the build rather than rejecting the candidate."""
+    from tritonkit.errors import QuantizationError
+    from tritonkit.int8 import evaluate
+
+    try:
+        evaluate.session(model, exact=True)
+    except Exception as exc:  # onnxruntime raises its own RuntimeException types
+        raise QuantizationError(f"onnxruntime's exact int8 path cannot open this graph: {str(exc)[-200:]}") from exc
+
+
 class Search:
     def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
@@ -655,6 +668,8 @@ class Search:
             self._built = None  # the old graph's memory goes before the new one is made
             model = quantize_prepared(self._prepare(r), self._calibrate(r), r.to_quant(self.spec.WEIGHT_OPS),
                                       r.float_nodes, check=False)
+            if self.exact:
+                _opens_exactly(model)
             self._built = (key, model)
         return self._built[1]
 
