@@ -74,7 +74,8 @@ def _built(model: str) -> None:
 def test_load_generator_gets_real_embeddings_from_our_server(start_server):
     kind = kinds.get(TEXT)
     _built(kind.INT8_MODEL)
-    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=[TEXT])
+    server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=[TEXT], per_replica=True,
+                          replica_kinds=[kind])  # as `make serve` serves it on this CPU
     ours = peers.triton_http(server.http_url, TEXT)
     texts = data.split("benchmark")
     got = np.asarray(ours.embedding(json.loads(peers._post(ours, ours.body(texts[0])))), np.float32)

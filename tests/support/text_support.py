@@ -27,8 +27,13 @@ def ensure_text_built() -> build.BuildResult:
 
 
 def start_text_server(start_server):
+    """The text models as `make serve` serves them on this CPU: the replica view of what its class proved (the
+    committed configs name the vnni class's runtimes; an AVX2 CPU serves its own record's, ONNX Runtime)."""
+    from tritonkit import kinds
+
     ensure_text_built()
-    return start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=TEXT_MODELS)
+    return start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=TEXT_MODELS, per_replica=True,
+                        replica_kinds=[kinds.get("text_embedding")])
 
 
 @cache
