@@ -4,6 +4,7 @@ what onnxruntime's own calibrators compute from one pass each, fed the same batc
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -155,8 +156,9 @@ def test_the_pass_also_takes_what_smoothquant_reads(tmp_path):
 
 def test_a_smoothed_graphs_ranges_come_from_its_twins_pass(tmp_path):
     """SmoothQuant's Mul(X, 1/s) scales each channel by a positive constant: the smoothed tensor's min and max are
-    its channels' times 1/s, bit for bit, and every other tensor is the same function. One pass of the unsmoothed
-    graph gives the smoothed graph's ranges (its own pass costs 150 s on all-mpnet-base-v2)."""
+    its channels' times 1/s, and every other tensor is the same function. One pass of the unsmoothed graph gives the
+    smoothed graph's ranges (its own pass costs 150 s on all-mpnet-base-v2). Bit for bit where no smoothed MatMul
+    runs first; past one, its rescaled weights move the last bits (1 ulp on an AVX2 EPYC)."""
     from tritonkit.int8 import transforms
     from tritonkit.int8.transforms import smoothable_tensors, smoothed_name
 
@@ -175,13 +177,17 @@ def test_a_smoothed_graphs_ranges_come_from_its_twins_pass(tmp_path):
                                          absmax=twin.channel_absmax)
     (tmp_path / "own").mkdir()
     own = calibration.collect(smoothed, batches, tmp_path / "own", ("minmax",), progress=False)
+    order = [o for n in onnx.load(str(smoothed)).graph.node for o in n.output]
+    first = min((smoothed_name(t) for t in scales), key=order.index)  # upstream of every smoothed MatMul
     for options in ({}, {"CalibMovingAverage": True}):
         derived, fresh = twin.smoothed(scales).ranges("minmax", options), own.ranges("minmax", options)
         assert set(derived) == set(fresh)
         for name in fresh:
             got, want = (np.asarray(r[name].range_value) for r in (derived, fresh))
-            if name in {smoothed_name(t) for t in scales}:
-                assert np.array_equal(got, want), (name, got, want)  # the smoothed tensors: exact
+            if name == first:
+                assert np.array_equal(got, want), (name, got, want)
+            elif name in {smoothed_name(t) for t in scales}:
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=0, err_msg=name)
             else:
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
     # Not a copy of the unsmoothed ranges: smoothing moved them.

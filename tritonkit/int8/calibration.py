@@ -59,8 +59,9 @@ class Statistics:
     def smoothed(self, scales: dict[str, np.ndarray]) -> Statistics:
         """The statistics of this graph smoothed with `scales` (tritonkit.int8.transforms.smooth: X * (1/s) feeds
         the MatMuls that read X), without a pass: each batch's min and max of a smoothed tensor are those of its
-        channels times 1/s, bit for bit (float rounding is monotonic); every other tensor keeps its statistics
-        (the MatMuls' outputs differ from the unsmoothed graph's in their last bits only). Min/max only: histograms
+        channels times 1/s (float rounding is monotonic: bit for bit unless a smoothed MatMul runs upstream); every
+        other tensor keeps its statistics (the MatMuls' outputs differ from the unsmoothed graph's in their last bits
+        only). Min/max only: histograms
         are not carried over."""
         from tritonkit.int8.transforms import smoothed_name
 
