@@ -1,12 +1,12 @@
 """A committed served INT8 recipe against the FP32 file on OpenVINO bf16, the competitor the served speed gate
-races on a CPU with native bf16 (tritonkit.int8.search.fp32_competitor).
+races on a CPU with native bf16 (tritonkit.int8.speed.fp32_competitor).
 
     python perf/bench_bf16_race.py MODEL [--rev REV]
 
 Builds the served INT8 graph of MODEL's recipe for this CPU class as committed at git revision REV (default HEAD),
 from its committed quantization parameters (calibrating only where they do not apply), and times it on the variant
 REV's models/<name>.runtime.json serves the INT8 name on, against the FP32 file on ONNX Runtime and on OpenVINO
-bf16: tritonkit.int8.search.speedup (interleaved pairs, medians, 95 % intervals, the served batch sizes and
+bf16: tritonkit.int8.speed.speedup (interleaved pairs, medians, 95 % intervals, the served batch sizes and
 threads), as the speed gate does. Needs `make build MODEL=...` first (the FP32 file). Prints a table and writes
 build/reports/bf16_race_<model>.json with the CPU's INT8 flags and the date.
 """
@@ -23,9 +23,10 @@ from pathlib import Path
 
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import recipe
+from tritonkit.int8.builder import quantize_with_params
 from tritonkit.int8.params import QuantParams, file_digest
-from tritonkit.int8.quantize import quantize_with_params
-from tritonkit.int8.search import BF16_COMPETITOR, Recipe, speedup
+from tritonkit.int8.records import Recipe
+from tritonkit.int8.speed import BF16_COMPETITOR, speedup
 from tritonkit.repository import runtime_choice
 from tritonkit.serving.runtimes import DEFAULT
 

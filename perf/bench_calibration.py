@@ -28,7 +28,7 @@ import numpy as np
 
 from tritonkit import kinds, paths
 from tritonkit.int8 import calibration, recipe
-from tritonkit.int8.search import Recipe
+from tritonkit.int8.records import Recipe
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data
-from tritonkit.int8 import recipe
+from tritonkit.int8 import report
 from tritonkit.runtime.server import TritonServer
 
 
@@ -45,7 +45,7 @@ def text_demo(server: TritonServer) -> None:
     ]
     print(f"\n== text_embedding (all-MiniLM-L6-v2, {serves(server, 'text_embedding')}): {len(corpus)} sentences "
           "from the standard-library docs, embedded over gRPC by tritonkit_client ==")
-    print(f"   {recipe.floor_summary('text_embedding')}")
+    print(f"   {report.floor_summary('text_embedding')}")
     vectors = embed(corpus, url=server.grpc_url, protocol="grpc", batch_size=32, concurrency=4).vectors
     found = embed(queries, url=server.http_url)
     for query, vector in zip(queries, found.vectors):
@@ -67,7 +67,7 @@ def image_demo(server: TritonServer) -> None:
     print(f"\n== image_classification (EfficientNet-Lite0, {serves(server, 'image_classification')}): {len(photos)} "
           "bundled photos sent as "
           "JPEG/PNG/WebP bytes over HTTP, top-3 via the classification extension ==")
-    print(f"   {recipe.floor_summary('image_classification')}")
+    print(f"   {report.floor_summary('image_classification')}")
     for name, fmt, preds in zip(names, fmts * 2, image.classify(photos, top_k=3, url=server.http_url)):
         print(f"\n{name} ({fmt}):")
         for p in preds:
@@ -83,7 +83,7 @@ DEMOS = [
 def main() -> int:
     for demo in DEMOS:
         build.build(demo.target, forms=("served",))  # the TensorRT form is `make build-engines`' business
-    problems = recipe.check_all([demo.target for demo in DEMOS])
+    problems = report.check_all([demo.target for demo in DEMOS])
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     if problems:

@@ -22,6 +22,14 @@ def _interrupt(signum, _frame):
 signal.signal(signal.SIGTERM, _interrupt)
 
 
+@pytest.fixture(autouse=True)
+def _own_judgements(tmp_path_factory, monkeypatch):
+    """Each test judges its INT8 graphs itself: a judgement another test kept (tritonkit.int8.judge) never stands in."""
+    from tritonkit.int8 import judge
+
+    monkeypatch.setattr(judge, "STORE", tmp_path_factory.mktemp("judgements"))
+
+
 @contextlib.contextmanager
 def _servers(tmp_path_factory) -> Iterator[Callable[..., TritonServer]]:
     """Factory: `start(repo, **kwargs)` → a ready server; every one started is stopped on leaving."""

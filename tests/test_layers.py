@@ -20,6 +20,7 @@ LAYERS = (
     ("tritonkit", "errors"),  # tritonkit/__init__.py imports nothing
     ("paths", "envinfo", "release", "export"),  # facts and helpers every stage reads
     ("data",),  # evaluation and calibration data
+    ("fingerprint",),  # what a build stage's artefact depends on (its code, found by imports; the data)
     ("serving",),  # code inside Triton's stubs
     ("kinds",),  # specs, gates, one class per kind
     ("int8",),

@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonkit import envinfo, kinds, paths
-from tritonkit.int8 import recipe
+from tritonkit import fingerprint, kinds, paths
+from tritonkit.int8 import pipeline
+from tritonkit.int8.budget import AFTER_SEARCH_SHARE, DEFAULT_BUDGET_S, Budget
+from tritonkit.int8.decide import Outcome
+from tritonkit.int8.recipe import FALLBACK, FORMS
 
 REPORTS = paths.REPORTS
 
@@ -42,42 +44,7 @@ class BuildResult:
     outcomes: list = field(default_factory=list)
 
 
-def trt_qdq_path(kind) -> Path:
-    """The TensorRT-form Q/DQ kept beside a served INT8 of another form (read by tritonkit.tensorrt.engines)."""
-    return paths.ARTIFACTS / f"{kind.INT8_MODEL}.trt_qdq.onnx"
-
-
-def _fingerprint(kind, stage: str, extra: str = "") -> str:
-    """Hash of everything a stage's artefact depends on: the spec file, the kind's code, the stage's code, data."""
-    import sys as _sys
-
-    from tritonkit import data, export
-    from tritonkit.int8 import calibration, checks, quantize, search, settings, transforms
-
-    h = hashlib.sha256()
-    int8_code = [settings, transforms, calibration, quantize, checks, search, recipe]
-    sources = [_sys.modules[type(kind).__module__], export] + (int8_code if stage == "int8" else [])
-    for module in sources:
-        h.update(Path(inspect.getfile(module)).read_bytes())
-    for path in [kind.spec.file, data.SENTENCES, *getattr(kind, "DATA_FILES", ())]:
-        h.update(Path(path).read_bytes())
-    h.update(extra.encode())
-    return h.hexdigest()[:16]
-
-
-def _stamp_path(name: str, stage: str) -> Path:
-    return paths.ARTIFACTS / f"{name}.{stage}.fingerprint"
-
-
-def up_to_date(path: Path, name: str, stage: str, fingerprint: str) -> bool:
-    stamp = _stamp_path(name, stage)
-    return path.exists() and stamp.exists() and stamp.read_text().strip() == fingerprint
-
-
-def _stamp(name: str, stage: str, fingerprint: str) -> None:
-    stamp = _stamp_path(name, stage)
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(fingerprint + "\n")
+trt_qdq_path = pipeline.trt_qdq_path
 
 
 def _log(msg: str) -> None:
@@ -88,8 +55,8 @@ def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, 
     from tritonkit.export import export_onnx, validate_onnx, write_json
 
     path = paths.model_file(kind.FP32_MODEL)
-    fingerprint = _fingerprint(kind, "fp32")
-    if not force and up_to_date(path, kind.NAME, "fp32", fingerprint):
+    stamp = fingerprint.stage(kind, "fp32")
+    if not force and fingerprint.up_to_date(path, kind.NAME, "fp32", stamp):
         _log(f"{kind.NAME}: FP32 {paths.rel(path)} up to date")
         return path, False
     _log(f"{kind.NAME}: exporting {kind.EXPORT.name} → {paths.rel(path)}")
@@ -105,92 +72,48 @@ def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, 
         f"{kind.NAME}: validated {result.samples} samples on {result.grid_points} shapes: "
         f"{result.metric} min {result.summary['min']:.6f} (tolerance {result.tolerance})"
     )
-    _stamp(kind.NAME, "fp32", fingerprint)
+    fingerprint.stamp(kind.NAME, "fp32", stamp)
     return path, True
 
 
 def speed_variants(kind) -> tuple[str, str]:
     """The runtime variants this CPU class serves the FP32 and INT8 models on (models/<name>.runtime.json; ONNX
-    Runtime before any choice). A search races INT8 against FP32 as the INT8 name would serve it instead
-    (tritonkit.int8.search.fp32_competitor); a replay races what its recipe was searched against. A variant in bf16
-    recorded for the class runs as runtime_choice.without_bf16 says where this CPU has no native bf16."""
+    Runtime before any choice), bf16-free where this CPU has no native bf16 (serving.runtimes.usable_here)."""
     from tritonkit.repository import runtime_choice
+    from tritonkit.serving.runtimes import usable_here
 
-    return tuple(runtime_choice.usable_here(runtime_choice.variant_for(kind, m))
+    return tuple(usable_here(runtime_choice.variant_for(kind, m))
                  for m in (kind.FP32_MODEL, kind.INT8_MODEL))
-
-
-def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
-    """`variants` with INT8's the one its search timed it on (Search.int8_variant, where its gates held; bf16-free
-    here where this CPU has none), so a replay's speed gate races what the search's did."""
-    from tritonkit.repository import runtime_choice
-
-    searched = entry.get("int8_variant")
-    return (variants[0], runtime_choice.usable_here(searched)) if searched else variants
 
 
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
-               search_budget_s: float | None = recipe.DEFAULT_BUDGET_S, search_form: str | None = None,
-               forms: Sequence[str] = recipe.FORMS, started: float | None = None, fresh: bool = False
-               ) -> tuple[list[recipe.Outcome], bool]:
-    """The INT8 `forms` from the committed recipe (searched first with run_search, or if there is none and
-    search_if_missing: `make build` does that for a new model; library callers get an error instead), and whether
-    it searched. `started`: the build's start (time.perf_counter), when `search_budget_s` is the whole build's: the
-    search then gets what is left of it, less a share for the steps after it (recipe.search_budget_s). `fresh`:
-    the search does not judge the committed candidates first (recipe.search)."""
-    data, variants = recipe.load_recipes(kind), speed_variants(kind)
-    if data is None and not (run_search or search_if_missing):
-        raise recipe.GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe.recipe_path(kind))}); run "
-                               f"`{recipe.search_command(kind)}` (minutes) and commit the file it writes")
-    searched = run_search or data is None
-    if searched:
-        if data is None:
-            _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe.recipe_path(kind))}): searching")
-        budget = search_budget_s if started is None else \
-            recipe.search_budget_s(search_budget_s, time.perf_counter() - started)
-        only = search_form if run_search else None
-        against = variants[0]
-        if only in (None, "served"):  # the served gate races the FP32 file as the INT8 name would serve it here
-            from tritonkit.int8.search import fp32_competitor
-            from tritonkit.repository.runtime_choice import MIN_GAIN
+               search_budget_s: float | None = DEFAULT_BUDGET_S, search_form: str | None = None,
+               forms: Sequence[str] = FORMS, started: float | None = None, fresh: bool = False
+               ) -> tuple[list[Outcome], bool]:
+    """The INT8 `forms` (tritonkit.int8.pipeline: from the committed recipe, searched first with run_search, or if
+    there is none and search_if_missing: `make build` does that for a new model; library callers get an error
+    instead), and whether it searched. `search_budget_s`: the whole build's, from `started` (time.perf_counter;
+    default now). `fresh`: the search does not judge the committed candidates first."""
+    from tritonkit.int8.speed import fp32_competitor
+    from tritonkit.repository.runtime_choice import MIN_GAIN
 
-            against, _ = fp32_competitor(kind, fp32, variants[0], MIN_GAIN, log=_log)
-        data = recipe.search(kind, fp32, progress=progress, budget_s=budget, only=only,
-                             speed_variants=(against, variants[1]), fresh=fresh)
-        force = True
-    outcomes = []
-    for form, out, stage in (("served", paths.model_file(kind.INT8_MODEL), "int8"),
-                             ("tensorrt", trt_qdq_path(kind), "int8_trt")):
-        if form not in forms:
-            continue
-        extra = json.dumps([data[form], envinfo.fingerprint()], sort_keys=True) + form + fp32.name
-        fingerprint = _fingerprint(kind, "int8", extra)
-        report = recipe.report_path(kind, form)
-        if not force and up_to_date(out, kind.NAME, stage, fingerprint) and report.exists():
-            status = json.loads(report.read_text()).get("status", "failed")
-            _log(f"{kind.NAME}: {form} INT8 {paths.rel(out)} up to date ({status})")
-            outcomes.append(recipe.Outcome(form, out, status, []))
-            continue
-        _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe.recipe_path(kind))} → "
-             f"{paths.rel(out)}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        outcome = recipe.replay(kind, fp32, form, data, out, progress=progress,
-                                speed_variants=replay_variants(variants, data[form]))
-        outcomes.append(outcome)
-        if outcome.status != "failed":
-            _stamp(kind.NAME, stage, fingerprint)
-        else:
-            _stamp_path(kind.NAME, stage).unlink(missing_ok=True)
-    return outcomes, searched
+    def competitor(served: str) -> str:  # the FP32 file as the INT8 name would serve it here, if INT8 fails
+        return fp32_competitor(kind, fp32, served, MIN_GAIN, log=_log)[0]
+
+    return pipeline.run(kind, fp32, speed_variants(kind), forms=forms, search=run_search,
+                        search_if_missing=search_if_missing, only=search_form, fresh=fresh,
+                        budget=Budget.of(search_budget_s, start=started), force=force, progress=progress,
+                        competitor=competitor)
 
 
-def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False, twin: Path | None = None
-                 ) -> Path | None:
+def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False, twin: Path | None = None,
+                 gates=None) -> Path | None:
     """The packed form of a text encoder's graph (tritonkit.serving.packing), re-made when its source graph changes;
     `fp32` for an INT8 graph, which is proven against the spec's gates instead of against itself padded. `twin`: the
     FP32 graph an FP32 fallback under the INT8 name was written from; its packed form, with the fallback's marks,
-    is this one's (the same graph: nothing to pack or prove again; MPNet's takes ~45 s)."""
+    is this one's (the same graph: nothing to pack or prove again; MPNet's takes ~45 s). `gates`: the served
+    form's (tritonkit.int8.gates), as the INT8 build judged the graph: not measured again."""
     from tritonkit.serving import packing
 
     if not getattr(kind, "packable", False) or not model_path.exists():
@@ -199,8 +122,8 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
     stage = f"packed.{model_path.parent.parent.name}"
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest() + Path(inspect.getfile(packing)).read_text() + \
         str(fp32)
-    fingerprint = _fingerprint(kind, stage, digest)
-    if not force and up_to_date(out, kind.NAME, stage, fingerprint):
+    stamp = fingerprint.stage(kind, stage, digest)
+    if not force and fingerprint.up_to_date(out, kind.NAME, stage, stamp):
         return out
     if twin is not None and packing.packed_path(twin).exists():
         import onnx
@@ -210,14 +133,14 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
         onnx.helper.set_model_props(packed, {**{p.key: p.value for p in packed.metadata_props}, **marks})
         onnx.save(packed, str(out))
         _log(f"{kind.NAME}: packed form {paths.rel(out)} (its FP32 twin's, with the fallback's marks)")
-        _stamp(kind.NAME, stage, fingerprint)
+        fingerprint.stamp(kind.NAME, stage, stamp)
         return out
     targets, reference = [], None
     if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
-        from tritonkit.int8 import evaluate, floor
+        from tritonkit.int8 import evaluate
+        from tritonkit.int8.gates import for_form
 
-        half = floor.measure(kind, fp32, floor.PRECISION["served"])
-        targets = floor.targets(kind, floor.split_floor(half, "test"))
+        targets = (gates or for_form(kind, fp32, "served", log=_log)).targets["test"]
         reference = evaluate.reference(kind, fp32, "test")  # the replay's, when it ran in this process
     try:
         kind.write_packed(model_path, fp32, targets, reference)
@@ -227,15 +150,15 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
         return None
     proof = "meets the INT8 gates on the test split, packed" if fp32 else "matches the padded graph"
     _log(f"{kind.NAME}: packed form {paths.rel(out)} ({proof})")
-    _stamp(kind.NAME, stage, fingerprint)
+    fingerprint.stamp(kind.NAME, stage, stamp)
     return out
 
 
 def build(name: str, force: bool = False, skip_int8: bool = False, run_search: bool = False,
           progress: bool = True, search_if_missing: bool = False,
-          search_budget_s: float | None = recipe.DEFAULT_BUDGET_S,
+          search_budget_s: float | None = DEFAULT_BUDGET_S,
           search_form: str | None = None, choose_runtime: bool = False,
-          forms: Sequence[str] = recipe.FORMS, fresh: bool = False) -> BuildResult:
+          forms: Sequence[str] = FORMS, fresh: bool = False) -> BuildResult:
     """Configs, FP32, packed forms and the INT8 `forms` of one model (`make demo` builds only the served form: the
     TensorRT form is compiled by `make build-engines`, whose `make build` makes it)."""
     from tritonkit.repository import generate
@@ -261,25 +184,24 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     build_packed(kind, served.path, fp32 if served.status == "passed" else None,
-                 twin=fp32 if served.status == recipe.FALLBACK else None)
+                 twin=fp32 if served.status == FALLBACK else None, gates=served.gates)
     from tritonkit.repository import runtime_choice
 
     # A build that searched keeps its budget to the end: the runtime choice fits in what is left of it.
-    deadline = t0 + search_budget_s if searched and search_budget_s else None
+    budget = Budget.of(search_budget_s, start=t0) if searched else None
     runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
-                          log=_log, deadline=deadline)
+                          log=_log, budget=budget, gates=served.gates)
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
     if searched:
         took = time.perf_counter() - t0
-        budget = f"its {search_budget_s / 60:.0f}-minute budget" if search_budget_s else "no budget"
-        _log(f"{kind.NAME}: built with an INT8 search in {took / 60:.1f} min ({budget})")
+        _log(f"{kind.NAME}: built with an INT8 search in {took / 60:.1f} min ({budget.describe()})")
     return BuildResult(name, fp32, served.path, built, served.status, trt.path if trt else None, outcomes)
 
 
 def budget_from_minutes(minutes: float | None) -> float | None:
     """Seconds for a whole search of one model: the default when not given, none (unbounded) for 0."""
-    return recipe.DEFAULT_BUDGET_S if minutes is None else minutes * 60 or None
+    return DEFAULT_BUDGET_S if minutes is None else minutes * 60 or None
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -293,10 +215,10 @@ def arguments() -> argparse.ArgumentParser:
                         help="cap the build of a model that searches (--search, or `make build` of a model with "
                              "no committed recipe) at M minutes of wall clock, end to end: export, floors, both "
                              "forms' searches, replays and the runtime choice (default "
-                             f"{recipe.DEFAULT_BUDGET_S // 60}; 0: no cap). The search gets what the export left, "
-                             f"less {recipe.AFTER_SEARCH_SHARE * 100:.0f}%% of M for the steps after it; it reports "
+                             f"{DEFAULT_BUDGET_S // 60}; 0: no cap). The search gets what the export left, "
+                             f"less {AFTER_SEARCH_SHARE * 100:.0f}%% of M for the steps after it; it reports "
                              "the best it found and what the budget cut")
-    parser.add_argument("--form", choices=list(recipe.FORMS),
+    parser.add_argument("--form", choices=list(FORMS),
                         help="with --search: re-search only this form, keeping the other's committed recipe")
     parser.add_argument("--fresh", action="store_true",
                         help="with --search: do not judge the committed candidates first (a re-search starts from "
@@ -328,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"{target}: {outcome.form} INT8 MISSED ITS GATES: {'; '.join(outcome.missed)} "
                      f"(report build/reports/{target}_int8*.json). The committed recipe no longer passes here: "
                      f"re-run `python -m tritonkit.build {target} --search`")
-            elif outcome.status == recipe.FALLBACK:
+            elif outcome.status == FALLBACK:
                 _log(f"{target}: {outcome.form} form serves FP32 (no INT8 candidate passed every gate)")
         forms = "".join(f"; {o.form} INT8 {o.status}" for o in result.outcomes)
         _log(f"{target}: done (built {', '.join(result.built) or 'nothing'}{forms})")

@@ -85,7 +85,7 @@ def node_terms(cpu_class: str) -> list[dict]:
 def class_preferences() -> list[dict]:
     """preferredDuringScheduling terms: nodes of each class where specs' INT8 is proven, weighted by how many
     (tritonkit.repository.replica.int8_classes); every node of the class, since one without native bf16 serves INT8
-    proven on a bf16 runtime on ONNX Runtime (tritonkit.repository.runtime_choice.without_bf16)."""
+    proven on a bf16 runtime on ONNX Runtime (tritonkit.serving.runtimes.without_bf16)."""
     from tritonkit import kinds
     from tritonkit.repository import replica
 

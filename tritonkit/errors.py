@@ -83,7 +83,7 @@ class SearchError(TritonkitError, RuntimeError):
     """The search could not run (e.g. the graph has no quantizable unit)."""
 
 
-# raised by tritonkit.int8.recipe
+# raised by the INT8 stage (tritonkit.int8.pipeline)
 class GateError(TritonkitError, RuntimeError):
     """An INT8 model missed a gate, or was made on another package set or CPU; the message says how to fix it."""
 

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 
 from tests.support.tiny_search import TinySpec, export_tiny
 from tritonkit import envinfo
-from tritonkit.int8 import evaluate, floor, pages, recipe, search
+from tritonkit.int8 import decide, evaluate, floor, gates, pages, recipe, report, search
 from tritonkit.kinds.gates import Target
 
 
@@ -237,7 +237,8 @@ def test_int8_within_the_slack_of_its_floor_passes_where_the_absolute_gate_canno
     half = floor.measure(spec, tiny, "fp16")
     quiet = {"check_speed": False, "progress": False, "log": lambda _m: None}
     assert not search.Search(spec, tiny, ["int8"], min_int8_share=0, **quiet).run().passed  # absolute: unreachable
-    result = search.Search(spec, tiny, ["int8"], min_int8_share=0, floor=half, **quiet).run()
+    result = search.Search(spec, tiny, ["int8"], min_int8_share=0, gates=gates.of_floor(spec, "tensorrt", half),
+                           **quiet).run()
     assert result.passed and result.recipe.float_nodes
     bound = half["test"]["cosine_min"] - spec.FLOOR_SLACK["cosine_min"]
     assert bound <= result.test["cosine_min"] < spec.TARGETS[0].value
@@ -251,41 +252,41 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
     result = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                           floor=half).run()
+                           gates=gates.of_floor(spec, "tensorrt", half)).run()
     bound = half["validation"]["cosine_min"] - spec.FLOOR_SLACK["cosine_min"]
     assert not result.passed and result.recipe is None and result.best_failed
     assert all(f["metrics"].get("cosine_min", 1.0) < bound for f in result.best_failed if f.get("metrics"))
 
     spec.EXPORT = type("Export", (), {"name": "tiny"})
-    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setattr(report, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")  # the fp16 floor runs on any CPU
     out = tmp_path / "served.onnx"
     # As recipe.search records it: a fallback's replay reports the floor its search measured, and measures none.
     entry = {"recipe": None, "status": recipe.FALLBACK, "reason": result.reason, "floor": half}
-    outcome = recipe.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
+    outcome = decide.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
     assert outcome.status == recipe.FALLBACK
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     assert meta[recipe.PRECISION_KEY].startswith("fp32-fallback")
-    report = json.loads(recipe.report_path(spec).read_text())
-    assert report["floor"]["test"] == half["test"]
+    rep = json.loads(report.report_path(spec).read_text())
+    assert rep["floor"]["test"] == half["test"]
 
 
 def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_path, monkeypatch):
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
     found = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                          min_int8_share=0, floor=half).run().recipe
+                          min_int8_share=0, gates=gates.of_floor(spec, "tensorrt", half)).run().recipe
     spec.EXPORT = type("Export", (), {"name": "tiny"})
-    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setattr(report, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")
     entry = {"recipe": dataclasses.asdict(found), "status": "passed"}
-    outcome = recipe.replay(spec, tiny, "served", {"served": entry}, tmp_path / "served.onnx", progress=False)
+    outcome = decide.replay(spec, tiny, "served", {"served": entry}, tmp_path / "served.onnx", progress=False)
     assert outcome.status == "passed", outcome.missed
-    report = json.loads(recipe.report_path(spec).read_text())
-    gate = next(g for g in report["gates"] if g["metric"] == "cosine_min")
+    rep = json.loads(report.report_path(spec).read_text())
+    gate = next(g for g in rep["gates"] if g["metric"] == "cosine_min")
     assert gate["absolute"] == 0.9999999
     assert gate["test"] == pytest.approx(half["test"]["cosine_min"] - 0.002, abs=1e-6)
-    page = pages.render_markdown(report)
+    page = pages.render_markdown(rep)
     assert "floor val / test" in page and f"{half['test']['cosine_min']:.4f}" in page
 
 
@@ -297,19 +298,20 @@ def test_a_replay_that_only_this_machines_fp32_outruns_serves_fp32_loudly_not_a_
 
     spec = _spec()
     found = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                          min_int8_share=0, floor=floor.measure(spec, tiny, "fp16")).run().recipe
+                          min_int8_share=0,
+                          gates=gates.of_floor(spec, "tensorrt", floor.measure(spec, tiny, "fp16"))).run().recipe
     spec.EXPORT = type("Export", (), {"name": "tiny"})
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1000.0)
-    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setattr(report, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")
     entry = {"recipe": dataclasses.asdict(found), "status": "passed"}
     out = tmp_path / "served.onnx"
-    outcome = recipe.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
+    outcome = decide.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
     assert outcome.status == recipe.FALLBACK
     assert_fp32_fallback(out, tiny)
-    report = json.loads(recipe.report_path(spec).read_text())
-    assert "holds its accuracy gates here but not its speed gate" in report["reason"], report["reason"]
-    assert report["missed_here"] and all(m.startswith("int8_speedup_lo") for m in report["missed_here"])
+    rep = json.loads(report.report_path(spec).read_text())
+    assert "holds its accuracy gates here but not its speed gate" in rep["reason"], rep["reason"]
+    assert rep["missed_here"] and all(m.startswith("int8_speedup_lo") for m in rep["missed_here"])
 
 
 def test_a_committed_floor_stands_for_an_fp32_export_that_differs_in_its_last_bits(tmp_path):

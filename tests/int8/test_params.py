@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from tritonkit.int8.builder import quantize_with_params
 from tritonkit.int8.params import QuantParams, file_digest
-from tritonkit.int8.quantize import quantize_with_params
 from tritonkit.int8.settings import QuantRecipe
 
 

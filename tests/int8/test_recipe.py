@@ -14,6 +14,7 @@ import pytest
 from tests.support.zoo import ZOO  # built by `make test-zoo` only (tens of minutes on 2 cores)
 from tritonkit import data, envinfo, kinds, paths
 from tritonkit.export import row_metric
+from tritonkit.int8.budget import AFTER_SEARCH_SHARE
 
 # The gates the project states per kind (README, docs/int8-search.md); a spec may tighten them, never loosen them.
 STATED = {
@@ -153,7 +154,7 @@ def _check(tmp_path, report: dict | None) -> subprocess.CompletedProcess:
     else:
         path.write_text(json.dumps(report))
     env = {**os.environ, "TRITONKIT_BUILD_OUTPUTS": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "tritonkit.int8.recipe", "check", "text_embedding"], env=env,
+    return subprocess.run([sys.executable, "-m", "tritonkit.int8.report", "check", "text_embedding"], env=env,
                           cwd=paths.ROOT, capture_output=True, text=True, timeout=120)
 
 
@@ -182,4 +183,4 @@ def test_the_build_commands_help_renders():
     from tritonkit import build
 
     text = build.arguments().format_help()
-    assert "--budget-minutes" in text and f"{build.recipe.AFTER_SEARCH_SHARE * 100:.0f}% of M" in text
+    assert "--budget-minutes" in text and f"{AFTER_SEARCH_SHARE * 100:.0f}% of M" in text

@@ -12,8 +12,12 @@ import onnx
 import pytest
 
 from tests.support.tiny_search import TinySpec, export_tiny
-from tritonkit.int8 import evaluate, pages, search
+from tritonkit.int8 import decide, evaluate, pages, pipeline, report, search
+from tritonkit.int8.budget import AFTER_SEARCH_SHARE, SERVED_SHARE, START_PASSES, Budget
+from tritonkit.int8.builder import FewCalibrationBatches
 from tritonkit.int8.checks import check_qdq
+from tritonkit.int8.planner import RESERVED
+from tritonkit.int8.speed import BF16_COMPETITOR, fp32_competitor
 from tritonkit.kinds.gates import Target
 
 
@@ -44,7 +48,7 @@ def test_search_finds_the_sensitive_layer_by_measurement(tiny):
 
 
 def test_recipe_replays_to_a_symmetric_qdq_graph(tiny, tmp_path):
-    from tritonkit.int8.quantize import quantize
+    from tritonkit.int8.builder import quantize
 
     path, sensitive = tiny
     spec = TinySpec()
@@ -74,7 +78,7 @@ def test_nothing_passes_means_no_recipe(tiny):
 def test_a_spent_budget_stops_the_search_and_says_so(tiny):
     path, _ = tiny
     logs: list[str] = []
-    result = search.Search(TinySpec(), path, ["int8"], check_speed=False, budget_s=1e-6, progress=False,
+    result = search.Search(TinySpec(), path, ["int8"], check_speed=False, budget=Budget.of(1e-6), progress=False,
                            log=logs.append).run()
     # The starting points are always measured; past the budget nothing is added, and the reason names it.
     assert not result.passed and "budget" in result.reason
@@ -185,7 +189,7 @@ def test_a_candidate_that_misses_the_test_split_hands_the_second_look_to_the_mos
     """A real search on the tiny model with a committed candidate that keeps all but one layer float (accurate, but
     more float units than what the search then finds), its first look at the test split declared a miss: the
     second look goes to the committed one, which then serves; the report keeps the first look's miss."""
-    from tritonkit.int8.quantize import quantize_with_params
+    from tritonkit.int8.builder import quantize_with_params
 
     path, sensitive = tiny
     spec = TinySpec()
@@ -283,7 +287,7 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     import torch
 
     from tritonkit.int8 import calibration
-    from tritonkit.int8.quantize import quantize
+    from tritonkit.int8.builder import quantize
 
     passes: list[Path] = []
     original = calibration.collect
@@ -324,7 +328,7 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     spec = Spec()
     s = search.Search(spec, path, ["uint8"], check_speed=False, progress=False, log=lambda _m: None)
     start = search.Recipe(form="uint8", placement="inputs", smooth_alpha=0.5)
-    merged = [n for n in search.quantizable_nodes(s._prepare(start).path, spec.WEIGHT_OPS) if "_merged3" in n]
+    merged = [n for n in search.quantizable_nodes(s.builder.prepare(start).path, spec.WEIGHT_OPS) if "_merged3" in n]
     assert len(merged) == 1, "Q/K/V were not merged"
     recipe = replace(start, float_nodes=merged)
     measured = s.build(recipe)
@@ -516,7 +520,7 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     against the same count with one conv left float."""
     import torch
 
-    from tritonkit.int8 import checks, quantize
+    from tritonkit.int8 import builder, checks
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1, stride=2), torch.nn.ReLU(),
@@ -531,7 +535,7 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     first = next(iter(macs))
     x = np.random.default_rng(0).uniform(-1, 1, (16, 3, 16, 16)).astype(np.float32)
     recipe = search.Recipe(form="int8", placement="inputs", float_nodes=[first]).to_quant(("Conv", "Gemm"))
-    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    out = builder.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
     share = checks.artefact_int8_share(out, ("Conv", "Gemm"))
     assert share == pytest.approx(1 - expected[0] / sum(expected))
 
@@ -543,7 +547,7 @@ def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import builder
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
@@ -559,7 +563,7 @@ def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
                      if n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute))
     x = np.random.default_rng(0).uniform(-1, 1, (32, 3, 8, 8)).astype(np.float32)
     recipe = search.Recipe(form="uint8", placement="all", float_nodes=[depthwise]).to_quant(("Conv",))
-    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    out = builder.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
     assert any(n.name == f"{depthwise}_keep_float" for n in onnx.load(str(out)).graph.node)
 
     def run(**kw):
@@ -575,7 +579,7 @@ def test_graph_outputs_stay_float_under_all_ops_placement(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import builder
 
     class Head(torch.nn.Module):
         def __init__(self):
@@ -593,7 +597,7 @@ def test_graph_outputs_stay_float_under_all_ops_placement(tmp_path):
                       dynamo=False)
     x = np.random.default_rng(0).normal(0, 0.3, (64, 16)).astype(np.float32)
     recipe = search.Recipe(form="uint8", placement="all").to_quant(("Gemm", "MatMul"))
-    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    out = builder.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
     model = onnx.load(str(out))
     producer = {o: n for n in model.graph.node for o in n.output}
     assert {producer[o.name].op_type for o in model.graph.output} == {"Gemm", "Softmax"}
@@ -612,7 +616,7 @@ def test_all_ops_placement_quantizes_an_element_wise_constant_as_an_activation(t
     from onnx import TensorProto, numpy_helper
 
     from tritonkit.errors import QuantizationError
-    from tritonkit.int8 import quantize
+    from tritonkit.int8 import builder
     from tritonkit.kinds.base import Kind
 
     torch.manual_seed(0)
@@ -622,7 +626,7 @@ def test_all_ops_placement_quantizes_an_element_wise_constant_as_an_activation(t
                       dynamic_axes={"x": {0: "b"}}, opset_version=17, dynamo=False)
     x = np.random.default_rng(0).normal(0, 1, (64, 16)).astype(np.float32)
     recipe = search.Recipe(form="uint8", placement="all").to_quant(("Gemm", "MatMul"))
-    out = quantize.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
+    out = builder.quantize(path, tmp_path / "q.onnx", recipe, lambda: iter([{"x": x}]), progress=False)
     model = onnx.load(str(out))
     inits = {i.name: i for i in model.graph.initializer}
     consumers = {i: n.op_type for n in model.graph.node for i in n.input}
@@ -725,12 +729,12 @@ def test_a_recipe_from_another_cpu_class_that_misses_here_serves_fp32_not_a_fail
     path, _ = tiny
     spec = TinySpec()
     spec.EXPORT = type("Export", (), {"name": "tiny"})
-    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setattr(report, "REPORTS", tmp_path)
     entry = {"recipe": {"form": "int8", "placement": "inputs"}, "status": "passed"}
     if borrowed:
         entry["borrowed_from"] = "vnni"
     out = tmp_path / "served.onnx"
-    outcome = recipe.replay(spec, path, "served", {"served": entry}, out, progress=False)
+    outcome = decide.replay(spec, path, "served", {"served": entry}, out, progress=False)
     if not borrowed:
         assert outcome.status == "failed" and any("cosine_min" in m for m in outcome.missed)
         return
@@ -755,7 +759,7 @@ def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_pat
     path, sensitive = tiny
     floats = [sensitive] if candidate == "accurate" else []  # every layer INT8 misses the tiny model's gates
     found = {"form": "int8", "placement": "inputs", "float_nodes": floats}
-    entry = {"recipe": None, "status": recipe.FALLBACK, "speed_against": search.BF16_COMPETITOR,
+    entry = {"recipe": None, "status": recipe.FALLBACK, "speed_against": BF16_COMPETITOR,
              "accurate": {"recipe": found, "validation": {"cosine_min": 0.9999}, "speed": {"int8_speedup": 0.9}}}
     committed = _recipe_file(tmp_path, {"vnni": entry})
     monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
@@ -766,15 +770,15 @@ def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_pat
     spec = TinySpec()
     spec.EXPORT = type("Export", (), {"name": "tiny"})
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # this test is about which graph, not its speed
-    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setattr(report, "REPORTS", tmp_path)
     out = tmp_path / "served.onnx"
-    outcome = recipe.replay(spec, path, "served", data, out, progress=False)
+    outcome = decide.replay(spec, path, "served", data, out, progress=False)
     dq = any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     if candidate == "accurate":
         assert outcome.status == "passed" and dq and recipe.file_recipe(out) == recipe.recipe_digest(found)
-        report = json.loads(recipe.report_path(spec).read_text())
-        assert all(t.met(report["test"]) for t in spec.TARGETS) and "no native bf16" in report["recipe_cpu"]
+        rep = json.loads(report.report_path(spec).read_text())
+        assert all(t.met(rep["test"]) for t in spec.TARGETS) and "no native bf16" in rep["recipe_cpu"]
     else:
         assert outcome.status == recipe.FALLBACK and not dq
         assert "replayed for a CPU without native bf16, misses here (test: cosine_min" in meta[recipe.PRECISION_KEY]
@@ -786,13 +790,12 @@ def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_pat
 
 def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
     from tritonkit import envinfo
-    from tritonkit.int8 import recipe
 
-    begin, end = recipe.README_MARKERS
+    begin, end = report.README_MARKERS
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{begin}\nCPU INT8 class `zzz`. kept as it was\n\n| t |\n\n"
                       f"CPU INT8 class `{envinfo.int8_class()}`. stale\n{end}\nrest\n")
-    recipe.docs(readme=readme, out=tmp_path / "page.md")
+    report.docs(readme=readme, out=tmp_path / "page.md")
     text = readme.read_text()
     assert "CPU INT8 class `zzz`. kept as it was\n\n| t |" in text and "stale" not in text
     assert text.count(f"CPU INT8 class `{envinfo.int8_class()}`. Regenerated") == 1
@@ -843,11 +846,11 @@ def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_in
     candidates are judged in a plain session; elsewhere in one asking for exact sums. On a VNNI CPU the fused
     kernels must then give the true sums of the form's int8 activations at both extremes."""
     from tritonkit import envinfo
-    from tritonkit.int8.recipe import exact_judgement
+    from tritonkit.int8.judge import exact_judgement
 
     for cpu, exact in (("vnni", False), ("avx512", True), ("avx2", True), ("generic", True)):
         monkeypatch.setenv(envinfo.CLASS_ENV, cpu)
-        assert exact_judgement("tensorrt") is exact and exact_judgement("served") is exact, cpu
+        assert exact_judgement() is exact, cpu  # both forms alike
     monkeypatch.delenv(envinfo.CLASS_ENV)
     if not envinfo.int8_sums_exact():
         pytest.skip(f"this CPU is INT8 class {envinfo.int8_class()}: its fused kernels are not the judgement")
@@ -862,7 +865,7 @@ def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_in
 
 
 def test_the_speed_interval_separates_a_clear_gain_and_straddles_a_tie():
-    from tritonkit.int8.search import ratio_interval
+    from tritonkit.int8.speed import ratio_interval
 
     rng = np.random.default_rng(1)
     fp32 = 10.0 * (1 + 0.05 * rng.standard_normal(21))
@@ -887,24 +890,24 @@ def test_the_speed_gate_races_fp32_as_the_int8_name_would_serve_it(tiny, monkeyp
     so a search races INT8 against that wherever it beats the FP32 model's variant by the runtime choice's margin;
     elsewhere against the FP32 model's variant. A replay races what its recipe was searched against."""
     from tritonkit import envinfo
-    from tritonkit.int8.recipe import replay_competitor
+    from tritonkit.int8.decide import competitor as replay_competitor
 
     path, _ = tiny
     spec = TinySpec()
-    bf16 = {"speed_against": search.BF16_COMPETITOR}
+    bf16 = {"speed_against": BF16_COMPETITOR}
     monkeypatch.setenv(envinfo.CLASS_ENV, "avx2")  # a class without bf16: only the served variant can compete
-    assert search.fp32_competitor(spec, path, "onnxruntime", 1.1) == ("onnxruntime", {})
+    assert fp32_competitor(spec, path, "onnxruntime", 1.1) == ("onnxruntime", {})
     assert replay_competitor(spec, bf16, "onnxruntime") == "onnxruntime"
     assert replay_competitor(spec, {"speed_against": "openvino"}, "onnxruntime") == "openvino"
     assert replay_competitor(spec, {}, "openvino") == "openvino"  # a recipe from before the race: as searched
     monkeypatch.delenv(envinfo.CLASS_ENV)
     if not envinfo.has_bf16():
         pytest.skip("this CPU has no native bf16: the FP32 file cannot run on OpenVINO bf16 here")
-    assert replay_competitor(spec, bf16, "onnxruntime") == search.BF16_COMPETITOR
-    chosen, timed = search.fp32_competitor(spec, path, "onnxruntime", 0.0)  # any gain is enough
-    assert chosen == search.BF16_COMPETITOR and timed["bf16_vs_served"] > 0
+    assert replay_competitor(spec, bf16, "onnxruntime") == BF16_COMPETITOR
+    chosen, timed = fp32_competitor(spec, path, "onnxruntime", 0.0)  # any gain is enough
+    assert chosen == BF16_COMPETITOR and timed["bf16_vs_served"] > 0
     assert set(timed) == {"bf16_vs_served", *(f"bf16_gain_batch{b}" for b in spec.SPEED_BATCHES)}
-    assert search.fp32_competitor(spec, path, "onnxruntime", math.inf)[0] == "onnxruntime"  # no gain is enough
+    assert fp32_competitor(spec, path, "onnxruntime", math.inf)[0] == "onnxruntime"  # no gain is enough
 
 
 def test_a_speed_gate_the_fastest_start_cannot_meet_ends_the_search_before_any_unit_goes_float(tiny):
@@ -958,7 +961,7 @@ def test_a_budget_never_starts_a_step_it_cannot_afford_and_lists_what_it_cut(tin
     assert next(s.change for s in free.steps if s.stage == "variant") == "as started + calibrate=entropy"
     budget = free.seconds * share
     logs: list[str] = []
-    cut = search.Search(spec, path, ["int8"], budget_s=budget, **{**_QUIET, "log": logs.append}).run()
+    cut = search.Search(spec, path, ["int8"], budget=Budget.of(budget), **{**_QUIET, "log": logs.append}).run()
     assert cut.cuts, f"{share} of the time a whole search took, and nothing was cut"
     assert any("not started" in line for line in logs)
 
@@ -986,7 +989,7 @@ def test_a_budget_never_starts_a_step_it_cannot_afford_and_lists_what_it_cut(tin
     for j, c in enumerate(cut.cuts):
         if c["stage"].startswith(("fallback", "track")):  # a step the search needs: nothing after it but checks
             assert all(s.stage == "confirm" for s in cut.steps if s.started_s > c["at_s"]), (c, cut.steps)
-            assert all(x["stage"].startswith(search.RESERVED) for x in cut.cuts[j + 1:]), cut.cuts
+            assert all(x["stage"].startswith(RESERVED) for x in cut.cuts[j + 1:]), cut.cuts
     # A variant other than the prior's starts only with room left for the rest of its track, each part estimated at
     # no less than its evaluations take (a sample: 2 DELAY; the whole split, three samples; 3 Gemm units): itself
     # 2, the resample 6 + 2, the scan 4 x 2, one fallback (5 candidates over 3 units) 5 x 2, the reserve 2 x 6.
@@ -1044,7 +1047,7 @@ def test_a_further_start_must_leave_the_first_track_its_time(tiny):
 
     for rest, measured in ((0.0, 4), (hour, 1)):
         s = Track(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None,
-                  budget_s=hour)
+                  budget=Budget.of(hour))
         s.rest = rest
         s._deadline = s._t0 + hour
         s.start()
@@ -1057,7 +1060,8 @@ def test_a_further_start_must_leave_the_first_track_its_time(tiny):
     class Slow(Track):
         early_speed = 0.0  # none dropped: each start under the gate still gives a (slow) track
 
-    s = Slow(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None, budget_s=hour)
+    s = Slow(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None,
+             budget=Budget.of(hour))
     s.rest, s._deadline = hour, s._t0 + hour
     s.start()
     assert len(s.steps) == 4 and not s.cuts, (s.steps, s.cuts)
@@ -1094,34 +1098,34 @@ def test_a_search_is_capped_at_fifteen_minutes_unless_told(flag, budget):
     import inspect
 
     from tritonkit import build
-    from tritonkit.int8 import recipe
 
     args = build.arguments().parse_args(["text_embedding", *flag])
     assert build.budget_from_minutes(args.budget_minutes) == budget
     # Library callers (and `make build` of a model with no committed recipe) get the same default.
-    for fn, name in ((build.build, "search_budget_s"), (build.build_int8, "search_budget_s"),
-                     (recipe.search, "budget_s")):
+    for fn, name in ((build.build, "search_budget_s"), (build.build_int8, "search_budget_s")):
         assert inspect.signature(fn).parameters[name].default == 15 * 60, fn
 
 
 def test_the_served_form_gets_two_thirds_of_what_is_left_and_tensorrt_the_rest():
-    from tritonkit.int8 import recipe
+    import time
 
-    assert recipe.form_budget_s(900, 60, "served", both=True) == pytest.approx(560)
-    assert recipe.form_budget_s(900, 600, "tensorrt", both=True) == pytest.approx(300)
-    assert recipe.form_budget_s(900, 60, "served", both=False) == pytest.approx(840)  # --form served: all of it
-    assert recipe.form_budget_s(900, 950, "tensorrt", both=True) == 1.0  # spent: the first start only
-    assert recipe.form_budget_s(None, 60, "served", both=True) is None
+    budget = Budget.of(900, start=time.perf_counter() - 60)  # 60 s spent: 840 left
+    assert budget.share(SERVED_SHARE).left() == pytest.approx(560, abs=1)
+    assert budget.left() == pytest.approx(840, abs=1)  # --form served (or the TensorRT form after it): all of it
+    assert Budget.of(900, start=time.perf_counter() - 950).share(SERVED_SHARE).left() == 0.0  # spent
+    assert not Budget.of(None).bounded and Budget.of(None).share(SERVED_SHARE).left() is None
+    assert not Budget.of(0).bounded  # `--budget-minutes 0`: no cap
 
 
 def test_a_build_that_searches_keeps_its_budget_end_to_end():
-    from tritonkit.int8 import recipe
+    import time
 
     # 15 min, 25 s of export spent: the search gets the rest less the share kept for replays and runtime choice.
-    assert recipe.search_budget_s(900, 25) == pytest.approx(900 * (1 - recipe.AFTER_SEARCH_SHARE) - 25)
-    assert recipe.search_budget_s(900, 25) < 900 - 25
-    assert recipe.search_budget_s(900, 1000) == 1.0  # spent before the search: form_cut then starts nothing
-    assert recipe.search_budget_s(None, 25) is None
+    budget = Budget.of(900, start=time.perf_counter() - 25)
+    searching = budget.less(AFTER_SEARCH_SHARE * budget.seconds)
+    assert searching.left() == pytest.approx(900 * (1 - AFTER_SEARCH_SHARE) - 25, abs=1)
+    assert searching.deadline < budget.deadline and searching.seconds == 900
+    assert Budget.of(900, start=time.perf_counter() - 1000).less(225).left() == 0.0  # spent: form_cut starts nothing
 
 
 def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(tiny, tmp_path, monkeypatch):
@@ -1130,27 +1134,28 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
     (passing, or kept as the accurate candidate where the speed gate alone rejects it); one that misses is dropped
     and the search goes on from its starts."""
     from tritonkit.int8 import calibration
-    from tritonkit.int8.quantize import quantize_with_params
+    from tritonkit.int8.builder import quantize_with_params
 
     path, sensitive = tiny
     spec = TinySpec()
     committed = search.Recipe(form="int8", placement="inputs", float_nodes=[sensitive])
     replayed = tmp_path / "replayed.onnx"
-    params = quantize_with_params(path, replayed, committed.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
-                                  spec.calibration_batch_count(), progress=False)
+    # Named as a replay names it (onnx producer_name "<model>-<form>"): the same bytes, not only the same graph.
+    params = quantize_with_params(path, replayed, committed.to_quant(spec.WEIGHT_OPS, name=f"{spec.NAME}-tensorrt"),
+                                  spec.calibration_batches, spec.calibration_batch_count(), progress=False)
     passes: list[Path] = []
     original = calibration.collect
     monkeypatch.setattr(calibration, "collect", lambda graph, *a, **k: passes.append(graph) or original(graph, *a, **k))
     quiet = dict(check_speed=False, progress=False, log=lambda _m: None, min_int8_share=0.0)
 
-    searcher = search.Search(spec, path, ["int8"], budget_s=1e-6, committed=(committed, params), **quiet)
+    searcher = search.Search(spec, path, ["int8"], budget=Budget.of(1e-6), committed=(committed, params), **quiet)
     assert searcher.build(committed).SerializeToString() == onnx.load(str(replayed)).SerializeToString()
     result = searcher.run()
     assert result.passed and result.recipe == committed, result.reason
     assert [s.stage for s in result.steps] == ["committed"] and not passes, (result.steps, passes)
     assert all(t.met(result.validation) and t.met(result.test) for t in spec.TARGETS)
     # Without it, the same budget runs the first start, which calibrates.
-    alone = search.Search(spec, path, ["int8"], budget_s=1e-6, **quiet).run()
+    alone = search.Search(spec, path, ["int8"], budget=Budget.of(1e-6), **quiet).run()
     assert [s.stage for s in alone.steps] == ["start"] and passes and not alone.passed
 
     class Outrun(search.Search):  # a faster FP32 competitor (bf16) than the candidate
@@ -1158,7 +1163,7 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
             return {"speedup_batch8": 0.9, "speedup_lo_batch8": 0.8, "speedup_hi_batch8": 0.95,
                     "int8_speedup": 0.9, "int8_speedup_lo": 0.8}
 
-    slow = Outrun(spec, path, ["int8"], budget_s=1e-6, committed=(committed, params),
+    slow = Outrun(spec, path, ["int8"], budget=Budget.of(1e-6), committed=(committed, params),
                   **{**quiet, "check_speed": True}).run()
     assert not slow.passed and "fastest that met the accuracy gates" in slow.reason, slow.reason
     assert slow.accurate["recipe"]["float_nodes"] == [sensitive] and slow.accurate["speed"]["int8_speedup_lo"] == 0.8
@@ -1179,13 +1184,13 @@ def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_
 
     from tritonkit import envinfo
     from tritonkit.int8 import recipe
+    from tritonkit.int8.builder import quantize_with_params
     from tritonkit.int8.params import file_digest
-    from tritonkit.int8.quantize import quantize_with_params
 
     path, sensitive = tiny
     spec = TinySpec()
     found = {"form": "int8", "placement": "inputs", "float_nodes": [sensitive]}
-    entry = {"recipe": None, "status": recipe.FALLBACK, "speed_against": search.BF16_COMPETITOR,
+    entry = {"recipe": None, "status": recipe.FALLBACK, "speed_against": BF16_COMPETITOR,
              "accurate": {"recipe": found}}
     committed = _recipe_file(tmp_path, {"vnni": entry})
     committed.spec.file.write_text('name = "tiny"\n')  # what the parameters' origin digests
@@ -1240,7 +1245,7 @@ def test_a_samples_reference_is_the_whole_splits_rows_once_that_is_computed(tiny
     evaluate.reference(spec, path, "validation")
     assert evaluate.reference_ready(spec, path, "validation")
     with monkeypatch.context() as m:  # no session opened: the FP32 graph does not run again
-        m.setattr(search, "session", lambda *_a, **_k: pytest.fail("the sample ran the FP32 graph again"))
+        m.setattr(evaluate, "session", lambda *_a, **_k: pytest.fail("the sample ran the FP32 graph again"))
         sliced = search.Evaluator(spec, path, "validation", stride=3, extra_rows=hard)
     assert len(sliced.ref) == 64 * 2 + 3 and sliced.ref is not fresh
     np.testing.assert_allclose(sliced.ref, fresh, rtol=1e-6, atol=1e-6)
@@ -1282,7 +1287,7 @@ def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_vari
     not (a float layer in bf16 loses the difference of two channels near 1000); there it is timed under ONNX
     Runtime, where the search judged it, and a replay races it there too."""
     from tests.support.tiny_search import export_cancelling
-    from tritonkit.build import replay_variants
+    from tritonkit.int8.pipeline import replay_variants
     from tritonkit.serving.runtimes import DEFAULT
 
     path = tmp_path / "cancelling.onnx"
@@ -1336,7 +1341,7 @@ def test_a_form_whose_floor_and_first_start_would_not_fit_is_not_searched(tiny, 
     form they would not fit in is not started; it records an FP32 fallback that names the budget and the command."""
     import shutil
 
-    from tritonkit.int8 import evaluate, floor, recipe
+    from tritonkit.int8 import evaluate, floor
 
     path, _ = tiny
     spec = TinySpec()
@@ -1349,9 +1354,9 @@ def test_a_form_whose_floor_and_first_start_would_not_fit_is_not_searched(tiny, 
     evaluate.reference(spec, fresh, "test")
     warm = sum(rows.values()) * floor.PRECISION_COST
     assert floor.estimate_s(spec, fresh, "bf16", row_s=1.0) == pytest.approx(warm)
-    start = recipe.START_PASSES * rows["validation"]
-    assert recipe.form_cut(spec, fresh, "served", warm + start, row_s=1.0) is None
-    cut = recipe.form_cut(spec, fresh, "tensorrt", warm + start - 1.0, row_s=1.0)
+    start = START_PASSES * rows["validation"]
+    assert pipeline.form_cut(spec, fresh, "served", warm + start, row_s=1.0) is None
+    cut = pipeline.form_cut(spec, fresh, "tensorrt", warm + start - 1.0, row_s=1.0)
     assert cut is not None and cut.recipe is None and not cut.passed and cut.form == "int8"
     assert "budget cut the tensorrt search" in cut.reason and "make int8-search MODEL=tiny FORM=tensorrt" in cut.reason
     assert cut.cuts[0]["stage"] == "form" and cut.cuts[0]["estimate_s"] == pytest.approx(warm + start, abs=0.1)
@@ -1363,14 +1368,13 @@ def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_
     """Before the served form's floor or any calibration pass, every start is built from two calibration batches
     (a graph's speed does not depend on its ranges) and timed: where even the fastest cannot meet the speed gate the
     form ends there; else the search goes on, with none of the probe's ranges in its workspace."""
-    from tritonkit.int8 import recipe
 
     path, _ = tiny
     spec = TinySpec()
     spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=gate)
     workspace = search.Workspace()
     try:
-        got = recipe.speed_probe(spec, path, ["int8", "uint8"], workspace, (search.DEFAULT, search.DEFAULT), False)
+        got = pipeline.speed_probe(spec, path, ["int8", "uint8"], workspace, (search.DEFAULT, search.DEFAULT), False)
         assert (got is not None) == decided
         if decided:
             assert got.recipe is None and not got.passed and "can meet the speed gate" in got.reason
@@ -1391,7 +1395,7 @@ def test_the_speed_probe_ends_at_the_first_start_that_clears_the_gate_everywhere
     lines: list[str] = []
     workspace = search.Workspace()
     try:
-        s = search.Search(search.FewCalibrationBatches(spec), path, ["int8", "uint8"], check_speed=True,
+        s = search.Search(FewCalibrationBatches(spec), path, ["int8", "uint8"], check_speed=True,
                           progress=False, log=lines.append, workspace=workspace.graphs_only())
         got = s.speed_probe()
     finally:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tritonkit.int8.budget import Budget
 from tritonkit.repository.runtime_choice import reusable
 
 RECORD = {"sha256": "aaa", "source": "src", "file": "model_repository/m/1/model.onnx", "threads": 2}
@@ -84,11 +85,11 @@ def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tm
     kind = kinds.get("text_embedding", tmp_path)
     assert choice_path(kind).parent == tmp_path
     logged = []
-    entry = choose(kind, built.fp32, None, log=logged.append, deadline=time.perf_counter() - 1)
+    entry = choose(kind, built.fp32, None, log=logged.append, budget=Budget(time.perf_counter() - 1))
     cut = entry["models"][kind.FP32_MODEL]
     assert cut["runtime"] == "onnxruntime" and "budget" in cut["budget_cut"] and "items_per_s" not in cut
     assert any("not started" in line and "--choose-runtime" in line for line in logged), logged
-    entry = choose(kind, built.fp32, None, log=logged.append, deadline=time.perf_counter() + 60)
+    entry = choose(kind, built.fp32, None, log=logged.append, budget=Budget(time.perf_counter() + 60))
     record = entry["models"][kind.FP32_MODEL]
     assert set(record["items_per_s"]) == {"onnxruntime", "openvino"}
     rounds = record.get("rounds", {})  # given where the budget cut a batch size's rounds
@@ -128,7 +129,7 @@ def test_an_int8_file_that_holds_the_absolute_gates_needs_no_floor(tmp_path, mon
     kind = kinds.get("text_embedding", tmp_path)
     asked = []
     monkeypatch.setattr(floor, "measure", lambda *a, **k: asked.append(a) or {})
-    entry = choose(kind, built.fp32, built.int8, log=lambda _m: None, deadline=time.perf_counter() + 300)
+    entry = choose(kind, built.fp32, built.int8, log=lambda _m: None, budget=Budget(time.perf_counter() + 300))
     record = entry["models"][kind.INT8_MODEL]
     if not record.get("accuracy"):
         pytest.skip(f"no variant was checked for accuracy on this CPU: {record['reason']}")
@@ -217,7 +218,7 @@ def test_an_fp32_fallbacks_packed_form_is_its_twins_with_the_fallbacks_marks(tmp
     import onnx
 
     from tests.support.text_support import ensure_text_built
-    from tritonkit import build, data, kinds
+    from tritonkit import build, data, fingerprint, kinds
     from tritonkit.int8 import recipe
     from tritonkit.int8.evaluate import session
     from tritonkit.serving import packing
@@ -230,7 +231,7 @@ def test_an_fp32_fallbacks_packed_form_is_its_twins_with_the_fallbacks_marks(tmp
     try:
         packed = build.build_packed(kind, out, None, force=True, twin=built.fp32)
     finally:  # the build's stamp for this test's made-up model
-        build._stamp_path(kind.NAME, "packed.fallback_probe_model").unlink(missing_ok=True)
+        fingerprint.unstamp(kind.NAME, "packed.fallback_probe_model")
     assert "its FP32 twin's, with the fallback's marks" in capsys.readouterr().out  # not packed again
     assert packed == packing.packed_path(out) and packed.exists()
     marks = {p.key: p.value for p in onnx.load(str(packed), load_external_data=False).metadata_props}
@@ -248,7 +249,7 @@ def test_an_fp32_fallback_at_its_twins_threads_is_timed_once(tmp_path):
     import time
 
     from tests.support.text_support import ensure_text_built
-    from tritonkit import build, kinds, paths
+    from tritonkit import build, fingerprint, kinds, paths
     from tritonkit.int8 import recipe
     from tritonkit.repository.runtime_choice import choose, same_graph, served_file
 
@@ -264,11 +265,11 @@ def test_an_fp32_fallback_at_its_twins_threads_is_timed_once(tmp_path):
     try:
         build.build_packed(kind, out, None, force=True, twin=built.fp32)
     finally:  # the build's stamp for this test's made-up model
-        build._stamp_path(kind.NAME, "packed.fallback_twin_model").unlink(missing_ok=True)
+        fingerprint.unstamp(kind.NAME, "packed.fallback_twin_model")
     assert same_graph(served_file(out), served_file(built.fp32))
     assert not same_graph(served_file(built.int8), served_file(built.fp32))
     logged: list[str] = []
-    entry = choose(kind, built.fp32, out, log=logged.append, deadline=time.perf_counter() + 240)
+    entry = choose(kind, built.fp32, out, log=logged.append, budget=Budget(time.perf_counter() + 240))
     int8, fp32 = entry["models"][kind.INT8_MODEL], entry["models"][kind.FP32_MODEL]
     assert "items_per_s" in int8, int8
     assert fp32["timed_as"] == kind.INT8_MODEL and fp32["threads"] == int8["threads"] == 2

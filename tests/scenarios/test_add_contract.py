@@ -8,14 +8,13 @@ the mechanism, not a pretrained model's accuracy.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.support.tiny_sources import classifier_loader, sentence_transformers_dir
+from tests.support.tiny_sources import classifier_loader, scratch_env, sentence_transformers_dir
 from tritonkit import data, paths
 
 pytestmark = pytest.mark.slow
@@ -24,8 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("byom")
-    env = {**os.environ, "TRITONKIT_SPECS": str(root / "models"), "TRITONKIT_MODEL_REPOSITORY": str(root / "repo"),
-           "TRITONKIT_BUILD_OUTPUTS": str(root / "build")}
+    env = scratch_env(root)
     # Wide enough that INT8 outruns FP32 (at hidden 32 it ran 0.5-1.0x, under the speed gate, and fell back).
     st_dir = sentence_transformers_dir(root / "my-encoder", architecture="mpnet", pooling="max", normalize=False,
                                        hidden=256)
@@ -93,7 +91,7 @@ def test_the_encoders_searched_int8_met_its_gates_and_is_served(tree):
     import json
 
     from tritonkit import envinfo
-    from tritonkit.int8.search import BF16_COMPETITOR
+    from tritonkit.int8.speed import BF16_COMPETITOR
 
     root, _, _ = tree
     if not {"avx512_vnni", "avx_vnni"} & set(envinfo.fingerprint()["cpu_int8_features"]):

@@ -55,10 +55,10 @@ def _releases(server) -> float:
 @pytest.mark.slow
 def test_classifier_stub_memory_returns_after_burst(start_server, tmp_path):
     from tritonkit import kinds
-    from tritonkit.int8 import recipe
+    from tritonkit.int8 import report
 
     build.build("image", progress=False)
-    if recipe.served_label(kinds.get("image").NAME) == "FP32 fallback":
+    if report.served_label(kinds.get("image").NAME) == "FP32 fallback":
         # The floor-after-release behaviour was established on the INT8 graph; with the FP32 graph the floors
         # after later bursts stay well above the first release's (an open problem, not a pass).
         pytest.skip("image_classifier serves the FP32 fallback: the arena-floor check applies to its INT8 graph")

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import onnx
 
-from tritonkit.int8 import recipe
+from tritonkit.int8 import recipe, report
 
 
 def fell_back(spec, form: str = "served") -> bool:
     """This machine's build put the FP32 graph under the INT8 name: the recipe of this CPU's class found nothing,
     or one borrowed from another class missed here (its report says which; callers check the graph itself)."""
-    return json.loads(recipe.report_path(spec, form).read_text())["status"] == recipe.FALLBACK
+    return json.loads(report.report_path(spec, form).read_text())["status"] == recipe.FALLBACK
 
 
 def holds_fp32_graph(path: Path, fp32: Path) -> bool:

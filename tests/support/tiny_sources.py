@@ -104,3 +104,11 @@ def classifier_loader(directory: Path) -> str:
     (directory / "tiny_classifier.py").write_text(CLASSIFIER)
     (directory / "labels.txt").write_text("\n".join(f"class {i}" for i in range(10)) + "\n")
     return f"{directory / 'tiny_classifier.py'}:load"
+
+
+def scratch_env(root: Path) -> dict[str, str]:
+    """The environment of a user's commands whose specs, repository and build outputs live under `root`."""
+    import os
+
+    return {**os.environ, "TRITONKIT_SPECS": str(root / "models"), "TRITONKIT_MODEL_REPOSITORY": str(root / "repo"),
+            "TRITONKIT_BUILD_OUTPUTS": str(root / "build")}

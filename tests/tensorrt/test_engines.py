@@ -40,12 +40,12 @@ def test_build_refuses_a_foreign_tensorrt_before_building():
 def test_no_int8_plan_from_a_tensorrt_form_that_did_not_pass(tmp_path, monkeypatch):
     """A failed or fallen-back TensorRT-form INT8 report means its Q/DQ graph is the FP32 model or nearly float:
     building an "int8" plan from it would name a plan INT8 that is not."""
-    from tritonkit.int8 import recipe
+    from tritonkit.int8 import report
 
     spec = kinds.get("image_classification")
-    monkeypatch.setattr(recipe, "REPORTS", tmp_path)
+    monkeypatch.setattr(report, "REPORTS", tmp_path)
     assert engines.int8_plan_refusal(spec) is None  # no report: nothing to refuse on
-    report = recipe.report_path(spec, "tensorrt")
+    report = report.report_path(spec, "tensorrt")
     report.write_text(json.dumps({"passed": True, "status": "passed"}))
     assert engines.int8_plan_refusal(spec) is None
     report.write_text(json.dumps({"passed": False, "status": "failed",

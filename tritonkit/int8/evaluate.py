@@ -8,6 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonkit.int8.records import SearchSpec
+from tritonkit.int8.scoring import passes, summary
+from tritonkit.kinds.gates import Target, missed
+
 Feeds = Mapping[str, np.ndarray]
 # Without VNNI an INT8 file is served on a runtime only if it computes what exact int32 arithmetic of the file does:
 # float summation order moves an output row by ~1e-6 in cosine, saturating int16 pair sums by far more.
@@ -129,3 +133,58 @@ def cached_reference(kind, fp32: Path, split: str, batches: Sequence[Feeds]) -> 
             h.update(name.encode() + np.ascontiguousarray(b[name]).tobytes())
     name = getattr(kind, "NAME", "model")
     return paths.BUILD_OUTPUTS / "cache" / "references" / f"{name}-{split}-{h.hexdigest()[:16]}.npy"
+
+
+class Evaluator:
+    """FP32 reference outputs of one split, computed once; `metrics(model)` scores an INT8 candidate on it."""
+
+    def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1,
+                 extra_rows: dict[int, list[int]] | None = None):
+        self.spec, self.split = spec, split
+        batches = spec.eval_batches(split)
+        # Every stride-th batch: a cheaper sample for ranking many candidates; gates always use the whole split.
+        picked = [(i, None) for i in range(0, len(batches), stride)]
+        # Plus, from the other batches, only the rows `extra_rows` names ({batch: rows}): the outliers that decide
+        # worst-case gates ride along at the cost of those rows, not of their whole batches.
+        picked += [(i, rows) for i, rows in sorted((extra_rows or {}).items()) if i % stride]
+        self.batches = [batches[i] if rows is None else {k: v[rows] for k, v in batches[i].items()}
+                        for i, rows in picked]
+        if stride == 1 and not extra_rows:
+            self.ref = reference(spec, fp32, split, self.batches)
+        elif reference_ready(spec, fp32, split, batches):  # the whole split's, computed already: its rows
+            whole, starts = reference(spec, fp32, split, batches), np.cumsum([0] + [row_count([b]) for b in batches])
+            self.ref = np.concatenate([whole[starts[i]:starts[i + 1]][slice(None) if rows is None else rows]
+                                       for i, rows in picked])
+        else:
+            self.ref = run_batches(session(fp32), self.batches)
+
+    def metrics(self, model, exact: bool = False) -> dict[str, float]:
+        return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))
+
+    def served_problems(self, model, variant: str, targets: Sequence[Target], threads: int, margin: float = 0.0,
+                        exact: bool = False) -> tuple[dict[str, float], list[str]]:
+        """(metrics, what `model` misses) run as `variant` serves it: `targets` with `margin` (the search's, which
+        left its candidates room for the held-out split) against the FP32 outputs, and, where the search judges exact
+        int32 arithmetic (a CPU without VNNI), agreement with it (the runtime choice's rule)."""
+        got = run_variant(variant, model, self.batches, threads)
+        metrics = self.spec.gate_metrics(self.ref, got)
+        problems = missed(targets, metrics)
+        if not problems and not passes(targets, metrics, margin):
+            problems.append(f"within the {margin} margin of a gate: {summary(targets, metrics)}")
+        if exact:
+            agreement = cosine_min(got, run_batches(session(model, exact=True), self.batches))
+            if agreement < EXACT_COSINE:
+                problems.append(f"not exact int32 arithmetic: cosine min {agreement:.6f} (< {EXACT_COSINE})")
+        return metrics, problems
+
+    def worst_rows(self, model, share: float = 0.01, exact: bool = False) -> dict[int, list[int]]:
+        """{batch index: row indices} of the `share` of rows `model` gets most wrong (relative L2 error), so a
+        sample can carry the outliers that decide worst-case gates."""
+        got = run_batches(session(model, exact=exact), self.batches)
+        err = np.linalg.norm(got - self.ref, axis=1) / np.maximum(np.linalg.norm(self.ref, axis=1), 1e-12)
+        bounds = np.cumsum([len(next(iter(b.values()))) for b in self.batches])
+        out: dict[int, list[int]] = {}
+        for row in sorted(int(r) for r in np.argsort(-err)[: max(1, int(len(err) * share))]):
+            batch = int(np.searchsorted(bounds, row, side="right"))
+            out.setdefault(batch, []).append(row - (int(bounds[batch - 1]) if batch else 0))
+        return out

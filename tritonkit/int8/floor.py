@@ -202,7 +202,14 @@ def key(kind, fp32: Path, precision: str, splits: Sequence[str], native: bool = 
     else:
         parts = [precision, "emulated", sorted(BF16_OPS.items()), list(splits),
                  {"packages": env["packages"], "machine": env["machine"]}, name]
-    return hashlib.sha256(Path(fp32).read_bytes() + json.dumps(parts).encode()).hexdigest()[:20]
+    stat = Path(fp32).stat()
+    memo = (str(Path(fp32).resolve()), stat.st_mtime_ns, stat.st_size, json.dumps(parts))
+    if memo not in _KEYS:  # the whole graph is hashed: once per process while it is unchanged
+        _KEYS[memo] = hashlib.sha256(Path(fp32).read_bytes() + json.dumps(parts).encode()).hexdigest()[:20]
+    return _KEYS[memo]
+
+
+_KEYS: dict[tuple, str] = {}
 
 
 def source(kind, precision: str, splits: Sequence[str], native: bool = False) -> str | None:

@@ -1,6 +1,6 @@
 """A report of an INT8 build or search as a markdown page: gates beside the half-precision floor, metrics per
 split, speed per batch, the units kept in float and the search's steps. Pure: a report dict in, text out;
-tritonkit.int8.recipe writes these pages and assembles docs/int8.md from them."""
+tritonkit.int8.report writes these pages and assembles docs/int8.md from them."""
 
 from __future__ import annotations
 

@@ -23,8 +23,16 @@ from tritonkit.errors import QuantizationError
 VERSION = 1
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
 def file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 of a file, once per process while it is unchanged (MPNet's FP32 file is 400 MB; a build asks often)."""
+    stat = Path(path).stat()
+    key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return _DIGESTS[key]
 
 
 @dataclass

@@ -14,17 +14,13 @@ By job: tritonkit.int8.settings (the recipe), .transforms (the graph prepared fo
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 
 from tritonkit.errors import QuantizationError
-from tritonkit.int8.calibration import all_op_types, base_ranges, collect, smoothed_from_twin, with_isolated_copies
+from tritonkit.int8.calibration import all_op_types
 from tritonkit.int8.checks import check_qdq
-from tritonkit.int8.params import QuantParams
 from tritonkit.int8.settings import ACTIVATION_TYPES, QuantRecipe, resolve_excluded
-from tritonkit.int8.tensors import Feeds
-from tritonkit.int8.transforms import Prepared, prepare, smoothable_tensors
+from tritonkit.int8.transforms import Prepared
 
 # Rules that make the Q/DQ graph TensorRT-compilable; a recipe's extra_options cannot override them.
 # Biases stay float: TensorRT has no INT32 DequantizeLinear, it folds float biases into its INT8 kernels.
@@ -178,58 +174,3 @@ def keep_float(model, excluded: Iterable[str]) -> list[str]:
                                                           name=f"{node.name}_keep_float"))
             guarded.append(node.name)
     return guarded
-
-
-def quantize(
-    model_path: Path,
-    out_path: Path,
-    recipe: QuantRecipe,
-    batches: Callable[[], Iterable[Feeds]],
-    total_batches: int | None = None,
-    progress: bool = True,
-) -> Path:
-    """Static Q/DQ INT8 of `model_path` calibrated on `batches()`; returns `out_path` (checked by check_qdq)."""
-    quantize_with_params(model_path, out_path, recipe, batches, total_batches, progress)
-    return Path(out_path)
-
-
-def quantize_with_params(model_path: Path, out_path: Path, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]],
-                         total_batches: int | None = None, progress: bool = True, given: QuantParams | None = None,
-                         recipe_digest: str = "", origin: str = "", source: str | None = None) -> QuantParams:
-    """`quantize`, from `given` parameters (no calibration data is read) or calibrating; returns the parameters
-    used, which rebuild the same graph bytes (tritonkit.int8.params). `source`: the sha256 of `model_path` when the
-    caller already has it."""
-    import onnx
-
-    from tritonkit.int8 import params
-
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tritonkit-quant-") as tmp:
-        twin = None
-        if given is None and smoothed_from_twin(recipe):
-            twin = _unsmoothed_statistics(model_path, recipe, batches, Path(tmp) / "twin", total_batches, progress)
-        prepared = prepare(model_path, recipe, batches, Path(tmp), total_batches, given,
-                           absmax=None if twin is None else twin.channel_absmax)
-        if given is not None:
-            ranges = given.tensors_data()
-        elif twin is not None:
-            ranges = twin.smoothed(prepared.smooth_scales).ranges(recipe.calibrate_method, recipe.extra_options)
-        else:
-            ranges = base_ranges(prepared, recipe, batches, Path(tmp), total_batches, progress)
-        onnx.save(quantize_prepared(prepared, with_isolated_copies(ranges, prepared), recipe), str(out_path))
-        return params.capture(prepared, ranges, recipe.calibrate_method, source or params.file_digest(model_path),
-                              recipe_digest, origin)
-
-
-def _unsmoothed_statistics(model_path: Path, recipe: QuantRecipe, batches: Callable[[], Iterable[Feeds]],
-                           workdir: Path, total_batches: int | None, progress: bool):
-    """One pass of `recipe`'s graph before SmoothQuant: what smoothing reads and, smoothed, the recipe's ranges
-    (calibration.smoothed_from_twin; a search computes them so)."""
-    from dataclasses import replace
-
-    workdir.mkdir()
-    twin = prepare(model_path, replace(recipe, smooth_alpha=None), batches, workdir, total_batches)
-    graph = twin.base or twin.path
-    return collect(graph, batches, workdir, ("minmax",), recipe.calibration_batches or total_batches, progress,
-                   desc=f"calibrate {recipe.name}", channels=smoothable_tensors(graph))

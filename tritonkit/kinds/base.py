@@ -42,7 +42,7 @@ class Kind:
     @property
     def SPEED_TARGET(self) -> Target:
         """INT8 ÷ FP32 on the runtimes that serve them: the lower end of its 95 % interval at the slowest served
-        batch size (tritonkit.int8.search.speedup), at least the gate; a knife-edge median decides nothing."""
+        batch size (tritonkit.int8.speed.speedup), at least the gate; a knife-edge median decides nothing."""
         return Target("int8_speedup_lo", ">=", self.gate("int8_speedup"))
 
     @staticmethod

@@ -112,9 +112,9 @@ def onnx_file(model: str, precision: str) -> Path:
 
 def _precision_label(kind, precision: str) -> str:
     """The INT8 file of an FP32 fallback holds the FP32 graph: say so rather than "INT8"."""
-    from tritonkit.int8 import recipe
+    from tritonkit.int8 import report
 
-    return recipe.served_label(kind.NAME) if precision == "int8" else precision.upper()
+    return report.served_label(kind.NAME) if precision == "int8" else precision.upper()
 
 
 def _served_session(kind, model: str, precision: str):

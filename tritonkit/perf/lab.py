@@ -274,7 +274,7 @@ def pipeline(name: str) -> Pipeline:
     from functools import partial
 
     from tritonkit import kinds
-    from tritonkit.int8.recipe import served_label
+    from tritonkit.int8.report import served_label
 
     kind = kinds.get(name)
     n, pre, int8, fp32 = kind.NAME, kind.PREPROCESSOR, kind.INT8_MODEL, kind.FP32_MODEL

@@ -169,11 +169,12 @@ def speeds(kind, files: dict[str, Path], threads: int) -> dict[str, dict[str, fl
 def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = None) -> dict:
     from tritonkit import kinds
     from tritonkit.int8 import recipe
+    from tritonkit.int8.report import report_path
 
     kind = kinds.get(name)
     fp32 = paths.model_file(kind.FP32_MODEL)
     ours = paths.model_file(kind.INT8_MODEL)
-    report = json.loads(recipe.report_path(kind).read_text()) if recipe.report_path(kind).exists() else {}
+    report = json.loads(report_path(kind).read_text()) if report_path(kind).exists() else {}
     committed = (recipe.load_recipes(kind) or {}).get("served", {})
     made = candidates(kind, fp32, budget_s, log, only)
     rows: dict[str, dict] = {"fp32": {"path": str(fp32)}}

@@ -32,6 +32,7 @@ from pathlib import Path
 from tritonkit import envinfo
 from tritonkit.errors import ReplicaError
 from tritonkit.serving.marks import INT8_SERVED_PARAMETER, PRECISION_PARAMETER
+from tritonkit.serving.runtimes import needs_bf16, without_bf16
 
 RECORD = "tritonkit-replicas.json"  # a file, not a folder: Triton takes only folders for models
 FALLBACK = "fp32"
@@ -72,8 +73,13 @@ def decide(entry: dict, model: str, cpu_class: str, bf16: bool) -> Decision:
         elif role == "fp32":
             return Decision(model, role, cpu_class, cpu_class, False, variant, f"{variant}, measured on {cpu_class}")
         elif own.get("status") == "passed":
+            here = f" by this machine's build ({own['proven_here']})" if own.get("proven_here") else ""
             return Decision(model, role, cpu_class, cpu_class, True, variant,
-                            f"INT8 proven on {cpu_class}, on {variant}")
+                            f"INT8 proven on {cpu_class}{here}, on {variant}")
+        elif own.get("proven_here"):
+            return Decision(model, role, cpu_class, cpu_class, False, variant,
+                            f"another class's INT8 recipe misses its gates on this machine ({own['proven_here']}); "
+                            f"FP32 on {variant}")
         else:
             return Decision(model, role, cpu_class, cpu_class, False, variant,
                             f"the {cpu_class} INT8 search found no candidate that meets its gates; FP32 on {variant}")
@@ -252,9 +258,27 @@ def int8_classes(kind) -> dict[str, str]:
     return out
 
 
-def record(kinds: list, repository: Path, native=None) -> dict:
+def _local(kind, repository: Path, recipes: dict, runtimes: dict) -> tuple[dict, dict, str | None]:
+    """`recipes` and `runtimes` with this machine's proof for its CPU class added (tritonkit.int8.proof), where the
+    class has no committed served entry and the proof speaks for the repository's INT8 file; and its file."""
+    from tritonkit import envinfo
+    from tritonkit.int8 import proof as proofs
+
+    cpu = envinfo.int8_class()
+    if cpu in recipes:
+        return recipes, runtimes, None
+    made, _ = proofs.valid(kind, Path(repository) / kind.INT8_MODEL / "1" / "model.onnx")
+    if made is None:
+        return recipes, runtimes, None
+    recipes = {**recipes, cpu: {"recipe": made.recipe, "status": made.status}}
+    models = {**runtimes.get(cpu, {}).get("models", {}), kind.INT8_MODEL: {"runtime": made.variant}}
+    return recipes, {**runtimes, cpu: {**runtimes.get(cpu, {}), "models": models}}, str(proofs.path(kind))
+
+
+def record(kinds: list, repository: Path, native=None, local: bool = False) -> dict:
     """For every spec'd model in `repository`: per CPU class what its records prove, with the configs each choice
-    serves (`native`: the NGC view's config converter, tritonkit.repository.variants.native_form)."""
+    serves (`native`: the NGC view's config converter, tritonkit.repository.variants.native_form). `local`: this
+    machine's proofs count too, for its own CPU class (the embedded server's view; never a committed one)."""
     from tritonkit.int8 import recipe
     from tritonkit.repository import runtime_choice
     from tritonkit.serving.runtimes import DEFAULT
@@ -264,6 +288,9 @@ def record(kinds: list, repository: Path, native=None) -> dict:
     for kind in kinds:
         recipes = (recipe.committed_recipes(kind) or {}).get("served") or {}
         runtimes = runtime_choice.load(kind)["classes"]
+        proven_here = None
+        if local:
+            recipes, runtimes, proven_here = _local(kind, repository, recipes, runtimes)
         built_with = recipe.file_recipe(repository / kind.INT8_MODEL / "1" / "model.onnx")
         where = f"models/{kind.NAME}"
         for model, role in ((kind.INT8_MODEL, "int8"), (kind.FP32_MODEL, "fp32"), (f"{kind.NAME}_fused", "fused")):
@@ -286,11 +313,14 @@ def record(kinds: list, repository: Path, native=None) -> dict:
                 int8 = role != "fp32" and served.get("status") == "passed"
                 onnx_from = (kind.INT8_MODEL if int8 else kind.FP32_MODEL) if role == "fused" else None
                 classes[cpu] = _option(_render(kind, folder, variant, onnx_from, native), embedded=native is None,
-                                       variant=variant, needs_bf16=runtime_choice.needs_bf16(variant),
+                                       variant=variant, needs_bf16=needs_bf16(variant),
                                        status=None if role == "fp32" else served.get("status"),
-                                       files_from=model if int8 or role == "fp32" else fp32_files)
+                                       files_from=model if int8 or role == "fp32" else fp32_files,
+                                       **({"proven_here": proven_here} if proven_here and role != "fp32" and
+                                          cpu not in (recipe.committed_recipes(kind) or {}).get("served", {})
+                                          else {}))
                 candidate = recipe.without_bf16(served) if role != "fp32" and not int8 else None
-                if runtime_choice.needs_bf16(variant) and (int8 or candidate is not None):
+                if needs_bf16(variant) and (int8 or candidate is not None):
                     built = int8 or recipe.recipe_digest(candidate["recipe"]) == built_with
                     classes[cpu]["without_bf16"] = _without_bf16(kind, folder, model, role, variant, native, cpu, built)
             fallback = _render(kind, folder, DEFAULT, kind.FP32_MODEL if role == "fused" else None, native)
@@ -302,15 +332,14 @@ def record(kinds: list, repository: Path, native=None) -> dict:
 
 def _without_bf16(kind, folder: Path, model: str, role: str, variant: str, native, cpu: str, built: bool) -> dict:
     """A class's option for its CPUs without native bf16, whose INT8 name runs on `variant` in bf16: the INT8 file on
-    ONNX Runtime (runtime_choice.without_bf16: the arithmetic the accuracy gates judged), when the file here is the
+    ONNX Runtime (serving.runtimes.without_bf16: the arithmetic the accuracy gates judged), when the file here is the
     class's proven one or the accurate candidate its search kept (`built`: a build on such a CPU replays and proves
     that, tritonkit.int8.recipe.load_recipes), else why not."""
-    from tritonkit.repository import runtime_choice
 
     if not built:
         return {"missing": (f"the INT8 file here is not the {cpu} candidate for CPUs without native bf16 "
                             f"(`make build MODEL={kind.NAME}` on such a CPU builds and proves it)")}
-    free = runtime_choice.without_bf16(variant)
+    free = without_bf16(variant)
     onnx_from = kind.INT8_MODEL if role == "fused" else None
     return _option(_render(kind, folder, free, onnx_from, native), embedded=native is None, variant=free,
                    needs_bf16=False, status="passed", files_from=model)

@@ -31,7 +31,7 @@ import numpy as np
 from tritonkit import envinfo, paths
 from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference_ready, row_count
 from tritonkit.serving import runtimes
-from tritonkit.serving.runtimes import DEFAULT, VARIANTS, open_variant
+from tritonkit.serving.runtimes import DEFAULT, VARIANTS, needs_bf16, open_variant, usable_here
 
 # Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
 # kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
@@ -94,22 +94,6 @@ def variant_for(kind, model: str, cpu_class: str | None = None) -> str:
     """The variant recorded for `model`: `cpu_class`'s own record when a class is named, else this CPU's entry."""
     record = recorded(kind, cpu_class) if cpu_class else entry(kind)[1]
     return record.get("models", {}).get(model, {}).get("runtime", DEFAULT)
-
-
-def needs_bf16(variant: str) -> bool:
-    """Whether `variant` computes in bf16, which only a CPU with native bf16 may be given."""
-    return dict(VARIANTS[variant][1]).get("HINT_BF16") == "YES"
-
-
-def without_bf16(variant: str) -> str:
-    """What a CPU without native bf16 runs a file recorded on `variant` on: `variant` itself unless it computes in
-    bf16, else ONNX Runtime, the arithmetic the INT8 accuracy gates judged (OpenVINO in f32 was never measured)."""
-    return DEFAULT if needs_bf16(variant) else variant
-
-
-def usable_here(variant: str) -> str:
-    """`variant`, or its bf16-free twin where this CPU has no native bf16 (its class's record may be from one with)."""
-    return variant if envinfo.has_bf16() else without_bf16(variant)
 
 
 def variant_parameters(kind, variant: str) -> dict[str, str]:
@@ -392,14 +376,16 @@ def reusable(old: dict | None, digest: str, source: str, served: str, threads: i
 
 
 def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str,
-                 deadline: float | None = None, timed: dict | None = None) -> dict:
+                 deadline: float | None = None, timed: dict | None = None, gates=None) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime. `deadline` (time.perf_counter): the timing takes TIMING_SHARE of what is left
     (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
     the record's `budget_cut` says so (a later build measures again, reusable). `timed`: its timings, measured on
-    the same graph at the same threads (twin_timings); its accuracy checks are its own."""
+    the same graph at the same threads (twin_timings); its accuracy checks are its own. `gates`: the served form's
+    (tritonkit.int8.gates), where the build judged the INT8 file by them: not measured again."""
     from tritonkit.int8 import floor
+    from tritonkit.int8 import gates as int8_gates
     from tritonkit.kinds.gates import Target, missed
 
     threads = served_threads(kind, model)
@@ -427,7 +413,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     # gates, so it is measured only for a variant that misses them (MPNet's: ~9 min on 2 cores, where the search
     # ended before its floor).
     if gated:
-        targets = floor.targets(kind, None)
+        targets = gates.targets["test"] if gates is not None else floor.targets(kind, None)
     else:
         text = hasattr(kind, "DIM")
         targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
@@ -449,7 +435,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
         metrics = accuracy(kind, file, fp32, variant, threads, batches)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
         problems = missed(targets, metrics)
-        if problems and gated:  # the floor may loosen what it missed
+        if problems and gated and gates is None:  # the floor may loosen what it missed
             if deadline is not None:
                 need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], row_s)
                 left = deadline - time.perf_counter()
@@ -459,8 +445,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
                                             "the build's budget left")
                     reasons.append(record["budget_cut"])
                     break
-            half = floor.measure(kind, fp32, floor.PRECISION["served"])
-            problems = missed(floor.targets(kind, floor.split_floor(half, "test")), metrics)
+            problems = missed(int8_gates.for_form(kind, fp32, "served").targets["test"], metrics)
         if gated and not envinfo.int8_sums_exact() and VARIANTS[variant][0] != DEFAULT:
             # ONNX Runtime takes the exact path on this class (backend_utils.EXACT_INT8_ENTRY); another runtime
             # must show it computes the same, since the recipe was proven in exact arithmetic.
@@ -479,13 +464,13 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     return record
 
 
-def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, deadline: float | None = None
-           ) -> dict:
+def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, budget=None, gates=None) -> dict:
     """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
-    returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime). `deadline`
-    (time.perf_counter), a build's budget: the files to measure share what is left by their work (`shares`), the
-    INT8 name (what a client calls by default) first; a file the deadline has passed is not measured and serves
-    ONNX Runtime."""
+    returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime). `budget`
+    (tritonkit.int8.budget.Budget), a build's: the files to measure share what is left by their work (`shares`),
+    the INT8 name (what a client calls by default) first; a file whose share is spent is not measured and serves
+    ONNX Runtime. `gates`: the served form's, as the build judged the INT8 file."""
+    deadline = budget.deadline if budget is not None else None
     if kind.spec.file is None:
         return {}
     data = load(kind)
@@ -493,8 +478,9 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
     if cpu_class not in data["classes"] and data["classes"] and not force:
         # Another class committed this file; a build here leaves it be and its replicas serve FP32 on ONNX Runtime.
         log(f"{kind.NAME}: no runtime measured on this {cpu_class} CPU (recorded: {', '.join(sorted(data['classes']))}"
-            f"); a replica here serves FP32 on ONNX Runtime. Measure with `python -m tritonkit.build {kind.NAME} "
-            "--choose-runtime` and commit it")
+            f"); a replica here serves FP32 on ONNX Runtime, or what this machine's proof proved "
+            f"(tritonkit.int8.proof). Measure with `python -m tritonkit.build {kind.NAME} --choose-runtime` and "
+            "commit it")
         return {}
     current = data["classes"].get(cpu_class, {})
     files = {kind.INT8_MODEL: (int8, True)} if int8 is not None and int8.exists() else {}
@@ -536,7 +522,8 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
         else:
             log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}"
                 + ("" if end is None else f" (within {end - time.perf_counter():.0f} s of the build's budget)"))
-        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end, timed), "source": source}
+        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end, timed,
+                                         gates if gated else None), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
         data["classes"][cpu_class] = {

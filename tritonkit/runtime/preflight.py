@@ -37,10 +37,10 @@ def _built(kind) -> list[str]:
 
 def _stale(kind) -> bool:
     """True when the spec or the code behind its FP32 export changed since it was built."""
-    from tritonkit import build
+    from tritonkit import fingerprint
 
-    fingerprint = build._fingerprint(kind, "fp32")
-    return not build.up_to_date(paths.model_file(kind.FP32_MODEL), kind.NAME, "fp32", fingerprint)
+    stamp = fingerprint.stage(kind, "fp32")
+    return not fingerprint.up_to_date(paths.model_file(kind.FP32_MODEL), kind.NAME, "fp32", stamp)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -57,7 +57,7 @@ def check(ports: dict[str, int], host: str = "127.0.0.1", requested: list[str] |
           specs: bool = True) -> Preflight:
     """`specs`: check the spec'd models of the project's repository (off for another --model-repository)."""
     from tritonkit import kinds
-    from tritonkit.int8 import recipe
+    from tritonkit.int8 import report
     from tritonkit.repository import generate
 
     out = Preflight()
@@ -86,7 +86,7 @@ def check(ports: dict[str, int], host: str = "127.0.0.1", requested: list[str] |
             out.errors.append(f"{name}: its build is older than its spec or code (after a `git pull`?): run "
                               f"`make build MODEL={name}`")
             continue
-        out.errors += recipe.served_problems(kind)
+        out.errors += report.served_problems(kind)
         out.models += members
     if not out.models and not out.errors:
         out.errors.append("no model is built yet: run `make build` (every spec) or `make demo`")

@@ -183,7 +183,7 @@ class TritonServer:
             from tritonkit import kinds
 
             specs = self.replica_kinds if self.replica_kinds is not None else [kinds.get(n) for n in kinds.names()]
-            data = replica.record(specs, source)
+            data = replica.record(specs, source, local=True)  # this machine's proofs count here only
         self._view = Path(tempfile.mkdtemp(prefix="tritonkit-replica-"))
         self.replica_decisions = replica.view(source, self._view, data)
         for line in replica.describe(self.replica_decisions):

@@ -262,3 +262,21 @@ def versions() -> dict[str, str]:
         except ImportError:
             out[runtime] = "not installed"
     return out
+
+
+def needs_bf16(variant: str) -> bool:
+    """Whether `variant` computes in bf16, which only a CPU with native bf16 may be given."""
+    return dict(VARIANTS[variant][1]).get("HINT_BF16") == "YES"
+
+
+def without_bf16(variant: str) -> str:
+    """What a CPU without native bf16 runs a file recorded on `variant` on: `variant` itself unless it computes in
+    bf16, else ONNX Runtime, the arithmetic the INT8 accuracy gates judged (OpenVINO in f32 was never measured)."""
+    return DEFAULT if needs_bf16(variant) else variant
+
+
+def usable_here(variant: str) -> str:
+    """`variant`, or its bf16-free twin where this CPU has no native bf16 (its class's record may be from one with)."""
+    from tritonkit import envinfo
+
+    return variant if envinfo.has_bf16() else without_bf16(variant)

@@ -67,8 +67,9 @@ def int8_plan_refusal(kind) -> str | None:
     """Why no INT8 plan is built, when the TensorRT-form INT8 report did not pass (no recipe met the gates with
     enough of the compute in INT8: its Q/DQ graph is the FP32 model or nearly float); None to build it."""
     from tritonkit.int8 import recipe
+    from tritonkit.int8.report import report_path
 
-    report = recipe.report_path(kind, "tensorrt")
+    report = report_path(kind, "tensorrt")
     if not report.exists():
         return None
     data = json.loads(report.read_text())

@@ -1,0 +1,141 @@
+"""The INT8 stage measures each fact once per build: counted over a real `make build` of a tiny new encoder
+(tests/support/counted_build.py records every whole-split evaluation and every timing at the served batch sizes,
+by the judged graph's bytes), for the three paths a user meets: a build that searches (then packs and chooses
+runtimes), a replay on a machine that never judged the files (a fresh clone), and a rebuild here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from tests.support.tiny_sources import scratch_env, sentence_transformers_dir
+from tritonkit import paths
+
+pytestmark = pytest.mark.slow
+NAME = "counted_encoder"
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("counted")
+    env = scratch_env(root)
+    source = sentence_transformers_dir(root / "encoder", architecture="bert", pooling="mean", normalize=True,
+                                       hidden=128)
+    out = subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", NAME, "--source",
+                          str(source), "--max-batch-size", "16"], env=env, cwd=paths.ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root, env
+
+
+def _build(tree, tag: str, *args: str) -> tuple[list[dict], str]:
+    root, env = tree
+    ledger = root / f"ledger-{tag}.json"
+    out = subprocess.run([sys.executable, "tests/support/counted_build.py", NAME, "--no-progress", *args],
+                         env={**env, "COUNTED_BUILD_LEDGER": str(ledger)}, cwd=paths.ROOT, capture_output=True,
+                         text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(ledger.read_text()), out.stdout
+
+
+def _report(tree, form: str) -> dict:
+    root, _ = tree
+    suffix = "" if form == "served" else "_trt"
+    return json.loads((root / "build" / "reports" / f"{NAME}_int8{suffix}.json").read_text())
+
+
+def _once(ledger: list[dict]) -> tuple[Counter, Counter]:
+    """Every (split, graph, runtime, arithmetic) evaluated and every (graph, variants) timed at most once."""
+    evaluated = Counter((e["split"], e["graph"], e.get("variant"), e.get("exact")) for e in ledger
+                        if e["what"] == "evaluate")
+    timed = Counter((e["graph"], tuple(e["variants"])) for e in ledger if e["what"] == "time")
+    assert not [k for k, n in evaluated.items() if n > 1], [k for k, n in evaluated.items() if n > 1]
+    assert not [k for k, n in timed.items() if n > 1], [k for k, n in timed.items() if n > 1]
+    return evaluated, timed
+
+
+def _of(counter: Counter, graph: str, split: str | None = None) -> int:
+    """How often `graph` was measured (on `split`, for evaluations)."""
+    return sum(n for key, n in counter.items() if graph in key and (split is None or split in key))
+
+
+@pytest.fixture(scope="module")
+def searched(tree):
+    return _build(tree, "search")
+
+
+def test_a_build_that_searches_judges_each_graph_once_and_its_replay_measures_nothing(tree, searched):
+    ledger, log = searched
+    assert "searching" in log
+    evaluated, timed = _once(ledger)
+    for form in ("served", "tensorrt"):
+        report = _report(tree, form)
+        if report["status"] != "passed":
+            continue  # an FP32 fallback: no INT8 file to judge
+        # The file written is the one the search judged: its test split and its speed were measured by the search.
+        assert report["judged_by"] == "search", report.get("judged_by")
+        assert _of(evaluated, report["sha256"], "test") == 1, (form, evaluated)
+        assert _of(timed, report["sha256"]) == (1 if form == "served" else 0), (form, timed)
+    assert _report(tree, "tensorrt")["status"] == "passed"  # no speed gate: the tiny encoder's form always passes
+
+
+def test_a_replay_on_a_machine_that_never_judged_it_measures_each_file_once(tree, searched):
+    root, _ = tree
+    shutil.rmtree(root / "build" / "int8-judgements")  # as on a fresh clone of the committed recipe
+    ledger, log = _build(tree, "replay", "--force")
+    assert "searching" not in log
+    evaluated, timed = _once(ledger)
+    for form in ("served", "tensorrt"):
+        report = _report(tree, form)
+        if report["status"] != "passed":
+            continue
+        assert report["judged_by"] == "replay"
+        assert _of(evaluated, report["sha256"], "test") == 1, (form, evaluated)
+        assert _of(timed, report["sha256"]) == (1 if form == "served" else 0), (form, timed)
+
+
+def test_a_rebuild_here_reuses_its_judgements(tree, searched):
+    ledger, log = _build(tree, "again", "--force")
+    for form in ("served", "tensorrt"):
+        report = _report(tree, form)
+        if report["status"] == "passed":
+            assert _of(Counter(e["graph"] for e in ledger), report["sha256"]) == 0, ledger
+            assert "judged already" in log
+
+
+def test_a_class_without_its_own_entry_serves_what_this_machine_proved_of_a_donors_recipe(tree, searched,
+                                                                                          monkeypatch):
+    """A build on a CPU class the recipe file has no entry for replays the donor class's recipe, judges it here and
+    keeps the outcome as this machine's proof (build/proofs/); the embedded server's replica view serves it, the
+    committed views do not, and nothing committed changes."""
+    from tritonkit import envinfo, kinds
+    from tritonkit.int8 import proof
+    from tritonkit.kinds import spec as specs
+    from tritonkit.repository import replica
+
+    root, env = tree
+    committed = {p.name: p.read_bytes() for p in (root / "models").iterdir()}
+    faked = "avx512" if envinfo.int8_class() != "avx512" else "generic"
+    env["TRITONKIT_CPU_CLASS"] = faked  # the module's later builds act as that class too: this test runs last
+    _, log = _build(tree, "faked", "--force")
+    assert "proof for this" in log, log[-3000:]
+    assert {p.name: p.read_bytes() for p in (root / "models").iterdir()} == committed
+    monkeypatch.setattr(paths, "BUILD_OUTPUTS", root / "build")
+    monkeypatch.setenv(envinfo.CLASS_ENV, faked)
+    kind = kinds.from_spec(specs.load(root / "models" / f"{NAME}.toml"))
+    made, why = proof.valid(kind, root / "repo" / kind.INT8_MODEL / "1" / "model.onnx")
+    assert made is not None, why
+    assert (made.cpu_class, made.donor) == (faked, envinfo.int8_class(envinfo.cpu_flags()))
+    served = _report(tree, "served")
+    assert made.status == served["status"]
+    here = replica.decide(replica.record([kind], root / "repo", local=True)["models"][kind.INT8_MODEL],
+                          kind.INT8_MODEL, faked, bf16=False)
+    assert "this machine" in here.reason and here.int8 == (made.status == "passed"), here
+    committed_view = replica.decide(replica.record([kind], root / "repo")["models"][kind.INT8_MODEL],
+                                    kind.INT8_MODEL, faked, bf16=False)
+    assert not committed_view.int8 and "this machine" not in committed_view.reason

@@ -1,0 +1,163 @@
+"""Stages 3 to 5 of the INT8 stage for one form: build the recipe's graph, judge it, decide what serves.
+
+Takes the resolved recipe entry (tritonkit.int8.recipe.load_recipes: this CPU class's own, or a donor's), the form's
+`Gates` and the runtime variants that serve FP32 and INT8 here; returns an `Outcome` and writes the form's report
+(tritonkit.int8.report). The graph comes from the one builder (tritonkit.int8.builder), from the recipe's committed
+quantization parameters where they apply (no calibration pass); its judgement from tritonkit.int8.judge, which
+reuses the search's when the bytes are the ones it judged. What serves:
+- INT8 where every gate holds;
+- FP32 under the INT8 name, loudly, where the search found nothing, where a donor class's recipe misses here, where
+  only the speed gate misses on this machine, or where a CPU without native bf16 replays its class's candidate and
+  it misses;
+- otherwise the build fails ("failed"), naming the gate: a class's own committed recipe no longer holds here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonkit import envinfo, paths
+from tritonkit.int8 import judge, report
+from tritonkit.int8.builder import Builder
+from tritonkit.int8.gates import MIN_TENSORRT_INT8_SHARE, Gates, for_entry
+from tritonkit.int8.judge import Judgement
+from tritonkit.int8.recipe import (
+    FALLBACK,
+    mark_recipe,
+    params_origin,
+    params_path,
+    quant_params,
+    recipe_digest,
+    recipe_path,
+    write_fp32_fallback,
+)
+from tritonkit.int8.records import Recipe
+from tritonkit.int8.speed import BF16_COMPETITOR
+from tritonkit.kinds.gates import missed
+from tritonkit.serving.runtimes import DEFAULT
+
+
+@dataclass
+class Outcome:
+    """One form's result of a build: the file written, "passed", "fp32-fallback" or "failed" (a committed recipe
+    that misses a gate here), and the gates it missed."""
+
+    form: str
+    path: Path
+    status: str
+    missed: list[str]
+    reason: str = ""  # why FP32 serves, for a fallback
+    gates: Gates | None = None  # what it was judged by (the packed proof and the runtime choice reuse them)
+    judgement: Judgement | None = None  # of the INT8 file written (None: FP32 serves, or up to date)
+
+
+def _log(msg: str) -> None:
+    print(f"[int8] {msg}", flush=True)
+
+
+def competitor(kind, entry: dict, served: str) -> str:
+    """The FP32 variant a replay's speed gate races: the one its recipe was searched against (`speed_against`),
+    unless this CPU cannot run it (bf16 without native bf16), then `served`, the FP32 model's variant here."""
+    against = entry.get("speed_against")
+    if against is None:
+        if envinfo.has_bf16():
+            _log(f"{kind.NAME}: this recipe was raced against FP32 on {served} only; here the INT8 name could serve "
+                 f"the FP32 file on {BF16_COMPETITOR} instead (`python perf/bench_bf16_race.py {kind.NAME}` times "
+                 "both; a search here races it, for the whole CPU class)")
+        return served
+    if against == BF16_COMPETITOR and not envinfo.has_bf16():
+        return served
+    return against
+
+
+def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | None = None, progress: bool = True,
+           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> Outcome:
+    """Build `out` from the resolved recipe of `form` in `data`, judge it against `gates` (default: the entry's,
+    tritonkit.int8.gates.for_entry) and decide; FP32 goes there when the search found nothing."""
+    from tritonkit.int8.checks import artefact_int8_share, quantized_ops
+    from tritonkit.int8.params import file_digest
+
+    entry = data[form]
+    gates = gates or for_entry(kind, fp32, form, entry, log=_log)
+    rep: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                 "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
+                 "search_env": data.get("env", {}), "search": report.search_summary(kind, form),
+                 "floor": gates.floor, "gates": gates.rows(kind)}
+    borrowed, here, candidate = entry.get("borrowed_from"), envinfo.int8_class(), entry.get("without_bf16")
+    if borrowed:
+        rep["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
+    if candidate:
+        rep["recipe_cpu"] = (f"the {here} search's accurate candidate, which lost its speed race to FP32 on "
+                             f"{BF16_COMPETITOR} there; this CPU has no native bf16")
+
+    def fall_back(reason: str) -> Outcome:
+        write_fp32_fallback(fp32, out, reason)
+        rep.update(status=FALLBACK, passed=False, served="fp32", reason=reason)
+        report.write(kind, form, rep)
+        report.loud(f"{kind.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
+                    f"served under the INT8 model's name")
+        return Outcome(form, out, FALLBACK, [], reason, gates)
+
+    if entry["recipe"] is None:
+        return fall_back(entry.get("reason", ""))
+    recipe = Recipe.from_json(entry["recipe"])
+    exact = judge.exact_judgement()
+    t0 = time.perf_counter()
+    tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
+    fp32_digest = file_digest(fp32)
+    given, why, source = quant_params(kind, form, entry, fp32, fp32_digest)
+    builder = Builder(kind, fp32, committed=None if given is None else (recipe, given), progress=progress,
+                      all_methods=False, name=f"{kind.NAME}-{form}")
+    try:
+        model = builder.build(recipe, check=True)
+        digest = judge.digest_of(model)
+        builder.write(recipe, tmp)
+        if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
+            saved = builder.quant_params(recipe, recipe_digest(entry["recipe"]), params_origin(kind), fp32_digest)
+            built = saved.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
+            _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")
+    finally:
+        builder.close()
+    build_s = time.perf_counter() - t0
+    rep["quantization_parameters"] = paths.rel(source) if given is not None else f"calibrated: {why}"
+    variants = (competitor(kind, entry, speed_variants[0]), speed_variants[1]) if form == "served" else None
+    # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
+    # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
+    judged = judge.judge(kind, fp32, form, tmp, exact, variants, digest, log=_log)
+    metrics = {"test": judged.test, "validation": entry.get("validation") or {}}
+    speed = judged.speed
+    miss = [f"test: {m}" for m in missed(gates.targets["test"], metrics["test"])]
+    if gates.speed is not None and not gates.speed.met(speed):
+        miss += missed([gates.speed], speed)
+    share = artefact_int8_share(tmp, kind.WEIGHT_OPS)
+    if form == "tensorrt" and share < MIN_TENSORRT_INT8_SHARE:  # GPU speed is not measurable here; compute is
+        miss.append(f"int8_mac_share {share:.3f} < {MIN_TENSORRT_INT8_SHARE:.3f}: the FP16 plan would be faster")
+    # Accuracy is the class's, speed this machine's (two CPUs of one class differ, e.g. with and without AMX): a
+    # served recipe that misses only its speed gate here serves FP32, loudly, rather than failing the build.
+    slow_here = form == "served" and not any(m.startswith("test: ") for m in miss)
+    # borrowed: no recipe was ever searched for this CPU's kernels; a candidate: its class served FP32 all along
+    if miss and (borrowed or slow_here or candidate):
+        tmp.unlink()
+        rep.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+                   test=metrics["test"], speed=speed, missed_here=miss)
+        if borrowed:
+            return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
+                             f"{here} CPU ({'; '.join(miss)}); search this CPU's with "
+                             f"`make int8-search MODEL={kind.NAME} FORM=served` and commit it")
+        rep["speed_variants"] = list(variants or ())
+        if candidate:
+            return fall_back(f"the {here} search's accurate candidate, replayed for a CPU without native bf16, "
+                             f"misses here ({'; '.join(miss)}); FP32 serves")
+        return fall_back(f"the served recipe holds its accuracy gates here but not its speed gate against FP32 on "
+                         f"{variants[0]} ({'; '.join(miss)}): FP32 serves faster on this machine")
+    mark_recipe(tmp, entry["recipe"])
+    tmp.replace(out)
+    rep.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
+               recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+               test=metrics["test"], speed=speed, speed_variants=list(variants) if speed else None,
+               int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(build_s, 1),
+               judged_by=judged.by, sha256=digest)
+    report.write(kind, form, rep)
+    return Outcome(form, out, rep["status"], miss, "", gates, judged)

@@ -1,0 +1,177 @@
+"""A search's fallback: the most sensitive units back in float, cumulatively, until every gate holds on the
+validation split; the shortest such prefix of the ranking, found by galloping then bisecting, is the fastest
+candidate. A mixin of tritonkit.int8.search.Search."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from tritonkit.int8.records import Recipe, Step
+from tritonkit.int8.speed import describe as _speed
+from tritonkit.int8.speed import speedup
+
+PATIENCE = 3  # fallback doublings of the float units without improvement before a knob variant is given up
+
+
+def passed(step: Step | None) -> bool:
+    return step is not None and step.passed
+
+
+class _Prefixes:
+    """One fallback's candidates: prefix k keeps the ranking's first k units float; each is scored on the search's
+    validation sample at most once. A prefix the form rejects (every unit float: nothing left to quantize) ends the
+    list, as every longer one would be rejected too."""
+
+    def __init__(self, search: Fallbacks, name: str, items: list[tuple[str, Recipe]]):
+        self.search, self.name, self.items = search, name, items
+        self.last = len(items) - 1
+        self.scored: dict[int, Step | None] = {}
+
+    def score(self, k: int, whole: bool = False) -> Step | None:
+        unit, r = self.items[k]
+        name = self.name
+        change = name if not k else f"{name} +float {unit}" if k == 1 else f"{name} +{k} units float, to {unit}"
+        if whole:
+            return self.search.measure("fallback", change, r)
+        if k not in self.scored:
+            self.scored[k] = self.search.measure("fallback", change, r, evaluator=self.search.sample)
+        return self.scored[k]
+
+    def buildable(self, k: int) -> int:
+        """The longest prefix up to k the form accepts."""
+        while k > 0 and self.score(k) is None and not self.search.spent():
+            self.last = k = k - 1
+        return k
+
+
+class Fallbacks:
+    def fallback(self, name: str, start: Recipe, ranked, max_float: int | None = None) -> Recipe | None:
+        """The shortest prefix of the sensitivity ranking that, kept in float, makes every gate hold (with the
+        margin). Found on the validation sample by galloping (1, 2, 4, ... units float) and then bisecting, so a
+        prefix of n units costs about 2 log2(n) candidates, not n; then confirmed on the whole validation split,
+        adding units one at a time while it does not hold there yet.
+        `max_float`: a candidate already passed with that many float nodes; one with as many cannot be faster, so
+        only the longest prefix under it is tried first and, when that misses, nothing shorter is."""
+        prefixes = _Prefixes(self, name, self._prefixes(name, start, ranked, max_float))
+        bounds = self._bracket(prefixes, max_float)
+        if bounds is None:
+            return None
+        lo, hi = bounds  # the longest prefix that missed on the sample, the shortest that passed
+        # A passing prefix is never lost to the budget: where bisecting no longer fits, the shortest one found so
+        # far goes to confirmation, which the reserve was kept for.
+        while hi - lo > 1 and not self._out_of_budget():
+            mid = (lo + hi) // 2
+            step = prefixes.score(mid)
+            if step is None and self.spent():  # not started: the budget, not the graph, said no
+                break
+            lo, hi = (lo, mid) if passed(step) else (mid, hi)
+        return self._confirm(name, prefixes, hi)
+
+    def _prefixes(self, name: str, start: Recipe, ranked, max_float: int | None) -> list[tuple[str, Recipe]]:
+        """[(unit, recipe)]: `start`, then each next unit of the ranking added to the float nodes."""
+        # Past half the units in float a CPU form cannot meet its speed gate; a form without one (TensorRT's,
+        # whose speed is the GPU's) may go down the whole ranking.
+        budget = ranked[: max(1, len(ranked) // 2)] if self.check_speed else ranked
+        prefixes: list[tuple[str, Recipe]] = [("", start)]
+        for unit, members, _gain in budget:
+            r = prefixes[-1][1]
+            if set(members) <= set(r.float_nodes):
+                continue  # already float through a family
+            r = replace(r, float_nodes=[*r.float_nodes, *(m for m in members if m not in r.float_nodes)])
+            if max_float is not None and len(r.float_nodes) >= max_float:
+                break
+            if self.min_int8_share and self.int8_share(r) < self.min_int8_share:
+                self.log(f"  {name}: prefixes stop before {unit}: under {self.min_int8_share:.0%} of the "
+                         "multiply-accumulates would stay INT8")
+                break
+            prefixes.append((unit, r))
+        return prefixes
+
+    def _out_of_budget(self) -> bool:
+        if self.spent():
+            if not self._stopped:  # past the deadline, nothing cut yet: the cuts say where it stopped
+                self.fits("fallback", "the rest of this fallback")
+            self.log(f"  stopped: the search budget ({self.budget_s / 60:.0f} min) is spent")
+        return self.spent()
+
+    def _bracket(self, prefixes: _Prefixes, max_float: int | None) -> tuple[int, int] | None:
+        """(lo, hi): prefix lo missed on the sample (-1: none did), prefix hi passed; None: none passes."""
+        if passed(prefixes.score(0)):
+            return -1, 0
+        if max_float is None:
+            return self._gallop(prefixes)
+        if self._out_of_budget():
+            return None
+        if prefixes.buildable(prefixes.last) == 0 or not passed(prefixes.score(prefixes.last)):
+            self.log(f"  stopped: no candidate under {max_float} float nodes passes")
+            return None
+        return 0, prefixes.last
+
+    def _gallop(self, prefixes: _Prefixes) -> tuple[int, int] | None:
+        """Prefixes 1, 2, 4, ... until one passes, giving up after PATIENCE doublings that do not lower the
+        distortion."""
+        first = prefixes.scored[0]
+        lo, k, best, stale = 0, 1, first.distortion if first else float("inf"), 0
+        while lo < prefixes.last:
+            k = prefixes.buildable(min(k, prefixes.last))
+            if k > lo and passed(prefixes.scored.get(k)):
+                return lo, k  # whatever the budget: a passing prefix goes on to confirmation (Search.fallback)
+            if self._out_of_budget() or k <= lo:
+                return None
+            step = prefixes.scored[k]
+            if self._at_wall(prefixes.items[k][1]):
+                return None
+            lo = k
+            best, stale = (step.distortion, 0) if step.distortion < best - 1e-9 else (best, stale + 1)
+            if stale >= PATIENCE:
+                self.log(f"  stopped: no improvement in {PATIENCE} doublings of the float units")
+                return None
+            k *= 2
+        return None
+
+    @property
+    def _wall_batch(self) -> int:
+        """The batch size a wall is timed at: where the fastest start led least (the largest before the ceiling)."""
+        return self._tight_batch or self.spec.SPEED_BATCHES[-1]
+
+    def prefix_speed(self, r: Recipe) -> dict[str, float]:
+        """`r` timed against FP32 at the wall's batch size, until its interval lies on one side of the gate."""
+        return speedup(self.spec, self.fp32, self.build(r), [self._wall_batch], repeats=3,
+                       variants=self.speed_variants, separate_from=self.spec.SPEED_TARGET.value)
+
+    def _at_wall(self, r: Recipe) -> bool:
+        """Whether `r`, a prefix that missed accuracy, already runs under the speed gate: its 95 % interval wholly
+        below it at a served batch size. Longer prefixes put more units in float and only slow the graph down, and
+        shorter ones are less accurate (the gallop's premise): this ranking holds no recipe, and its fallback ends.
+        Without a speed gate, or when the timing does not fit the budget, the gallop goes on."""
+        if not self.check_speed or not self.fits("wall", r.describe(), self.estimate("wall") or
+                                                 self.estimate("speed"), ahead=0.0):
+            return False
+        t0 = time.perf_counter()
+        speed = self.prefix_speed(r)
+        self._took("wall", time.perf_counter() - t0)
+        batch = self._wall_batch
+        if speed[f"speedup_hi_batch{batch}"] >= self.spec.SPEED_TARGET.value:
+            return False
+        self.walls.append({"recipe": r.describe(), "float_nodes": len(r.float_nodes), "batch": batch,
+                           "speed": {k: round(v, 4) for k, v in speed.items()}})
+        self.log(f"  stopped: {r.describe()} missed accuracy and already runs {_speed(speed)}, under the "
+                 f"{self.spec.SPEED_TARGET.value}x speed gate: longer prefixes are only slower")
+        return True
+
+    def _confirm(self, name: str, prefixes: _Prefixes, hi: int) -> Recipe | None:
+        """Prefix `hi` passed on the sample: the whole validation split decides, adding units while it misses."""
+        recipe = prefixes.items[hi][1]
+        step = self.measure("confirm", f"{name} on all validation", recipe, speed=True)
+        if passed(step):
+            return recipe
+        if self.check_speed and step is not None and step.speedup is not None and step.speedup < self.early_speed:
+            self.log("  stopped: the speed gate no longer holds")
+            return None
+        for k in range(hi + 1, prefixes.last + 1):
+            if self._out_of_budget():
+                return None
+            if passed(prefixes.score(k, whole=True)):
+                return prefixes.items[k][1]
+        return None

@@ -1,0 +1,270 @@
+"""The INT8 stage as one line of stages, called once per model by `make build` (tritonkit.build.build_int8).
+
+    recipe file ──load──▶ entries (this CPU class's own, or a donor's)      tritonkit.int8.recipe
+    (no recipe, or --search: Gates + Budget ──search──▶ SearchResult ──▶ recipe file + Judgement)   this module
+    per form:  FP32 file ──gates──▶ Gates (floor + bounds, once)         tritonkit.int8.gates
+               entry + Gates ──build──▶ graph ──judge──▶ Judgement      tritonkit.int8.builder, .judge
+               Judgement ──decide──▶ Outcome + report                   tritonkit.int8.decide, .report
+
+Takes the kind, its FP32 file, the runtime variants that serve FP32 and INT8 here and a `Budget`; returns one
+`Outcome` per form (with the Gates and Judgement that the packed proof and the runtime choice reuse) and whether it
+searched. Nothing here calls back into the build.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tritonkit import envinfo, fingerprint, paths
+from tritonkit.errors import GateError
+from tritonkit.int8 import decide, gates, judge, proof, report
+from tritonkit.int8.budget import AFTER_SEARCH_SHARE, SERVED_SHARE, START_PASSES, Budget
+from tritonkit.int8.builder import FewCalibrationBatches, Workspace
+from tritonkit.int8.decide import Outcome
+from tritonkit.int8.recipe import (
+    FALLBACK,
+    FORMS,
+    committed_candidate,
+    committed_recipes,
+    load_recipes,
+    params_origin,
+    params_path,
+    recipe_digest,
+    recipe_path,
+    search_command,
+)
+from tritonkit.int8.recipe import write as write_recipes
+from tritonkit.int8.records import Recipe, SearchResult
+from tritonkit.int8.search import Search
+from tritonkit.serving.runtimes import usable_here
+
+
+def _log(msg: str) -> None:
+    print(f"[int8] {msg}", flush=True)
+
+
+def trt_qdq_path(kind) -> Path:
+    """The TensorRT-form Q/DQ kept beside a served INT8 of another form (read by tritonkit.tensorrt.engines)."""
+    return paths.ARTIFACTS / f"{kind.INT8_MODEL}.trt_qdq.onnx"
+
+
+def outputs(kind) -> dict[str, tuple[Path, str]]:
+    """Per form: the file it writes and its fingerprint stage."""
+    return {"served": (paths.model_file(kind.INT8_MODEL), "int8"), "tensorrt": (trt_qdq_path(kind), "int8_trt")}
+
+
+def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: bool = False,
+        search_if_missing: bool = False, only: str | None = None, fresh: bool = False, budget: Budget | None = None,
+        force: bool = False, progress: bool = True, competitor=None) -> tuple[list[Outcome], bool]:
+    """The INT8 `forms` of `kind` from its recipe file (searched first with `search`, or where there is none and
+    `search_if_missing`), each form built, judged and decided unless up to date; and whether it searched.
+    `variants`: the runtime variants (FP32's, INT8's) that serve the models here; `competitor(variant) -> variant`:
+    the FP32 file's variant as the INT8 name would serve it (tritonkit.int8.speed.fp32_competitor), for a search."""
+    budget = budget or Budget()
+    data = load_recipes(kind)
+    if data is None and not (search or search_if_missing):
+        raise GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe_path(kind))}); run "
+                        f"`{search_command(kind)}` (minutes) and commit the file it writes")
+    searched = search or data is None
+    if searched:
+        if data is None:
+            _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe_path(kind))}): searching")
+        only = only if search else None
+        against = variants[0]
+        if only in (None, "served") and competitor is not None:  # the served gate races FP32 as the INT8 name serves it
+            against = competitor(variants[0])
+        searching = budget.less(AFTER_SEARCH_SHARE * budget.seconds) if budget.bounded else budget
+        data = search_forms(kind, fp32, progress, searching, only, (against, variants[1]), fresh)
+        force = True
+    outcomes = []
+    for form, (out, stage) in outputs(kind).items():
+        if form not in forms:
+            continue
+        extra = json.dumps([data[form], envinfo.fingerprint(), variants], sort_keys=True) + form + fp32.name
+        stamp = fingerprint.stage(kind, "int8", extra)
+        rep = report.report_path(kind, form)
+        if not force and fingerprint.up_to_date(out, kind.NAME, stage, stamp) and rep.exists():
+            status = json.loads(rep.read_text()).get("status", "failed")
+            _log(f"{kind.NAME}: {form} INT8 {paths.rel(out)} up to date ({status})")
+            outcomes.append(Outcome(form, out, status, []))
+            continue
+        _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe_path(kind))} → {paths.rel(out)}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        entry = data[form]
+        form_gates = gates.for_entry(kind, fp32, form, entry, log=_log)
+        outcome = decide.replay(kind, fp32, form, data, out, form_gates, progress, replay_variants(variants, entry))
+        outcomes.append(outcome)
+        if form == "served":
+            _prove_here(kind, entry, outcome, replay_variants(variants, entry))
+        if outcome.status != "failed":
+            fingerprint.stamp(kind.NAME, stage, stamp)
+        else:
+            fingerprint.unstamp(kind.NAME, stage)
+    return outcomes, searched
+
+
+def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
+    """`variants` with INT8's the one its search timed it on (Search.int8_variant, where its gates held; bf16-free
+    here where this CPU has none), so a replay's speed gate races what the search's did."""
+    searched = entry.get("int8_variant")
+    if entry.get("borrowed_from") or not searched:  # a donor's variant was timed on the donor's CPU, not here
+        return variants
+    return variants[0], usable_here(searched)
+
+
+def _prove_here(kind, entry: dict, outcome: Outcome, variants: tuple[str, str]) -> None:
+    """Keep this machine's proof of a donor class's recipe (tritonkit.int8.proof); none where the class has its own
+    entry, or where the replay failed."""
+    donor = entry.get("borrowed_from")
+    if not donor or outcome.status == "failed":
+        proof.forget(kind)
+        return
+    made = proof.write(kind, donor, outcome.status, outcome.reason, entry.get("recipe"), variants[1], outcome.path)
+    what = "INT8" if made.status == "passed" else "FP32"
+    _log(f"{kind.NAME}: proof for this {made.cpu_class} CPU -> {paths.rel(proof.path(kind))}: the {donor} recipe, "
+         f"judged here, serves {what} on this machine (`make serve`, `make demo`); committed views keep FP32")
+
+
+# -- the search (no recipe yet, or --search) ----------------------------------------------------------------------
+
+def form_cut(kind, fp32: Path, form: str, left_s: float, row_s: float) -> SearchResult | None:
+    """The result of a form the budget does not start (None where it fits): its half-precision floor (the FP32
+    references it needs, then a run at its precision; floor.estimate_s) and its first start (START_PASSES) would
+    take more than the `left_s` seconds it has, at `row_s` seconds an FP32 row (floor.row_seconds). Estimated rather
+    than cut midway: a floor measured in part is lost."""
+    from tritonkit.int8 import floor
+    from tritonkit.int8.evaluate import row_count
+
+    precision = floor.PRECISION[form]
+    floor_s = floor.estimate_s(kind, fp32, precision, row_s)
+    start_s = START_PASSES * row_s * row_count(kind.eval_batches("validation"))
+    if floor_s + start_s <= left_s:
+        return None
+    what = f"its {precision} floor (about {floor_s:.0f} s) and first start (about {start_s:.0f} s)"
+    reason = (f"the budget cut the {form} search before it started: {what} would not fit in the {left_s:.0f} s "
+              f"it had; search it with `make int8-search MODEL={kind.NAME} FORM={form} MINUTES=<m>`")
+    cut = {"stage": "form", "what": what, "estimate_s": round(floor_s + start_s, 1), "left_s": round(left_s, 1),
+           "reserve_s": 0.0, "at_s": 0.0}
+    return SearchResult("/".join(FORMS[form]), None, {}, {}, {}, [], [], [], 0.0, False, reason, [cut])
+
+
+def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: tuple[str, str], progress: bool
+                ) -> SearchResult | None:
+    """The served form's result where no INT8 graph can meet its speed gate (Search.speed_probe), before its floor
+    is measured or anything calibrated; None where one might."""
+    t0 = time.perf_counter()
+    probe = Search(FewCalibrationBatches(kind), fp32, forms, check_speed=True, progress=progress, log=_log,
+                   workspace=workspace.graphs_only(), speed_variants=speed_variants)
+    ceiling = probe.speed_probe()
+    if ceiling is None:
+        return None
+    return SearchResult("/".join(forms), None, {}, {}, ceiling[1], [], [], [], round(time.perf_counter() - t0, 1),
+                        False, ceiling[0])
+
+
+def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None = None, only: str | None = None,
+                 speed_variants: tuple[str, str] = ("onnxruntime", "onnxruntime"), fresh: bool = False) -> dict:
+    """Search both forms (or `only` one, keeping the other's committed recipe and log) within `budget`; write the
+    recipe file, the quantization parameters and the full search report, keep each found recipe's judgement
+    (tritonkit.int8.judge) for the replay; returns the recipe data resolved for this CPU. `speed_variants`: the
+    runtime variants that serve the FP32 and INT8 models here, which the speed gate times. Each form judges its
+    committed candidate first (Search.committed_first) unless `fresh`."""
+    from tritonkit.export import write_json
+    from tritonkit.int8 import floor
+    from tritonkit.int8.params import file_digest
+
+    t0, budget = time.perf_counter(), budget or Budget()
+    out: dict = {"model": kind.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
+    full: dict = {}
+    cpu = envinfo.int8_class()
+    committed = committed_recipes(kind) or {}
+    others = {c: e for c, e in committed.get("served", {}).items() if c != cpu}
+    if others:
+        _log(f"{kind.NAME}: keeping the served recipes of other CPU INT8 classes ({', '.join(others)}); this CPU "
+             f"is {cpu} (re-search those on such a CPU after a model, data or dependency change)")
+    if only is not None:
+        if only not in FORMS:
+            raise GateError(f"form: '{only}' is not one of {', '.join(FORMS)}")
+        kept, log = committed or None, report.REPORTS / f"{kind.NAME}_int8_search.json"
+        if kept is None:
+            raise GateError(f"form: searching only '{only}' needs a committed recipe for the other form "
+                            f"({paths.rel(recipe_path(kind))}); run `{search_command(kind)}` first")
+        old = json.loads(log.read_text()).get("search", {}) if log.exists() else {}
+        for form in FORMS:
+            if form != only:  # kept as committed, with the environment that searched it
+                out[form] = kept[form] if form == "served" else {"env": kept.get("env", {}), **kept[form]}
+                if form in old:
+                    full[form] = old[form]
+    source = file_digest(fp32)
+    workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
+    row_s = None  # FP32 seconds a row here (floor.row_seconds), measured once where a budget needs it
+    exact = judge.exact_judgement()
+    both = only is None
+    try:
+        for form, forms in FORMS.items():
+            if only is not None and form != only:
+                continue
+            _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
+            own = committed.get(form, {}).get(cpu) if form == "served" else committed.get(form)
+            candidate = None if fresh else committed_candidate(kind, form, own, fp32, source)
+            result = None
+            if form == "served" and candidate is None:  # a committed candidate is judged first instead
+                result = speed_probe(kind, fp32, forms, workspace, speed_variants, progress)
+            share = budget.share(SERVED_SHARE) if form == "served" and both else budget
+            if result is None and share.bounded:
+                row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32)
+                result = form_cut(kind, fp32, form, max(share.left(), 1.0), row_s)
+            if result is not None:
+                form_gates = gates.absolute(kind, form, f"not measured: {result.reason}")
+                _log(f"{kind.NAME}: {result.reason}")
+            else:
+                form_gates = gates.for_form(kind, fp32, form, log=_log)
+                share = budget.share(SERVED_SHARE) if form == "served" and both else budget  # after the floor
+                searcher = Search(kind, fp32, forms, check_speed=form == "served", budget=share, progress=progress,
+                                  log=_log, workspace=workspace, exact=exact, gates=form_gates,
+                                  speed_variants=speed_variants, committed=candidate)
+                result = searcher.run()
+            full[form] = result.to_json()
+            # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.
+            kept = result.recipe or (Recipe.from_json(result.accurate["recipe"]) if result.accurate else None)
+            if kept is not None:
+                saved = searcher.builder.quant_params(kept, recipe_digest(asdict(kept)), params_origin(kind),
+                                                      source).save(params_path(kind, form, {"class": cpu}))
+                _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
+            elif (stale := params_path(kind, form, {"class": cpu})).exists():  # an earlier recipe's: unread now
+                stale.unlink()
+                _log(f"{kind.NAME} {form}: removed {paths.rel(stale)} (no recipe to replay)")
+            if result.recipe is not None and result.digest:  # the replay rebuilds these bytes: it reuses this
+                judge.record(judge.Judgement(result.digest, form, exact, judge.context(kind, fp32), result.test,
+                                             result.speed if form == "served" else {},
+                                             [speed_variants[0], result.int8_variant] if form == "served" else [],
+                                             by="search"))
+            entry = {
+                "recipe": asdict(result.recipe) if result.recipe else None,
+                **({"speed_against": speed_variants[0]} if form == "served" else {}),
+                **({"int8_variant": result.int8_variant} if result.int8_variant else {}),
+                "status": "passed" if result.passed else FALLBACK,
+                "reason": result.reason,
+                "search_seconds": result.seconds,
+                "validation": result.validation,
+                "test": result.test,
+                "floor": form_gates.floor,
+                **({"accurate": result.accurate} if result.accurate else {}),
+                "env": envinfo.fingerprint(),
+            }
+            # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
+            out[form] = {**others, cpu: entry} if form == "served" else entry
+            found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
+            _log(f"{kind.NAME} {form}: {found} ({result.seconds:.0f} s)")
+    finally:
+        workspace.close()
+    out["search_seconds"] = round(time.perf_counter() - t0, 1)  # forms in FORMS order, whichever was searched
+    path = write_recipes(kind, out)
+    write_json(report.REPORTS / f"{kind.NAME}_int8_search.json", {**out, "search": full})
+    _log(f"{kind.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
+         f"build/reports/{kind.NAME}_int8_search.json")
+    return load_recipes(kind)
+
