@@ -261,7 +261,7 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
     monkeypatch.setattr(report, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")  # the fp16 floor runs on any CPU
     out = tmp_path / "served.onnx"
-    # As recipe.search records it: a fallback's replay reports the floor its search measured, and measures none.
+    # As pipeline.search_forms records it: a fallback's replay reports the floor its search measured, and measures none.
     entry = {"recipe": None, "status": recipe.FALLBACK, "reason": result.reason, "floor": half}
     outcome = decide.replay(spec, tiny, "served", {"served": entry}, out, progress=False)
     assert outcome.status == recipe.FALLBACK

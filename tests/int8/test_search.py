@@ -1178,8 +1178,9 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
 
 
 def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_apply(tiny, tmp_path, monkeypatch):
-    """recipe.search hands each form's search the committed recipe (else the accurate candidate) of this CPU class
-    with its parameters; parameters computed from another FP32 graph do not apply, and it searches from the starts."""
+    """pipeline.search_forms hands each form's search the committed recipe (else the accurate candidate) of this CPU
+    class with its parameters; parameters computed from another FP32 graph do not apply, and it searches from the
+    starts."""
     import json
 
     from tritonkit import envinfo

@@ -111,7 +111,7 @@ class Planner:
                        if k[1:] == (smooth_alpha, *key[2:]))
 
         # Placements differ by input isolation only: without data-driven weight changes they calibrate one graph;
-        # a SmoothQuant variant's ranges come from its twin's pass, once that ran (Search._calibrate).
+        # a SmoothQuant variant's ranges come from its twin's pass, once that ran (Builder.calibrate).
         shared = (r.weight_rounding == "nearest" and not r.bias_correction and calibrated(r.smooth_alpha)) or \
             (calibration.smoothed_from_twin(r) and calibrated(None))
         # GPTQ and bias correction read the data in plain forward passes (GPTQ one per chunk of layers).
