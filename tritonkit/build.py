@@ -199,6 +199,49 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     return BuildResult(name, fp32, served.path, built, served.status, trt.path if trt else None, outcomes)
 
 
+def adopt_proof(kind) -> list[Path]:
+    """Make this machine's proof of a donor class's recipe (tritonkit.int8.proof) this CPU class's own committed
+    entry: the served recipe (with its quantization parameters) or fallback in models/<name>.int8.json, and the INT8
+    name's runtime in models/<name>.runtime.json. Returns the files written (commit them); every replica of the
+    class, the NGC views and the manifests then serve it."""
+    import datetime
+    import json
+    import shutil
+
+    from tritonkit import envinfo
+    from tritonkit.errors import GateError
+    from tritonkit.int8 import proof, recipe
+    from tritonkit.int8.report import report_path
+    from tritonkit.repository import runtime_choice
+
+    made, why = proof.valid(kind, paths.model_file(kind.INT8_MODEL))
+    if made is None:
+        raise GateError(f"{kind.NAME}: no proof to adopt: {why}; run `make build MODEL={kind.NAME}` first")
+    data = recipe.committed_recipes(kind) or {}
+    served = data.get("served") or {}
+    if made.cpu_class in served:
+        raise GateError(f"{kind.NAME}: CPU class {made.cpu_class} has its own served entry already")
+    passed = made.status == "passed"
+    report = json.loads(report_path(kind).read_text())
+    served[made.cpu_class] = {
+        **{k: v for k, v in served[made.donor].items() if k in ("recipe", "validation", "floor")},
+        "recipe": made.recipe if passed else None, "status": made.status, "reason": made.reason,
+        "int8_variant": made.variant, "proven_from": made.donor, "test": report.get("test", {}),
+        "speed": report.get("speed", {}), "env": envinfo.fingerprint()}
+    written = [recipe.write(kind, {**data, "served": served})]
+    if passed:  # the donor's parameters build this recipe on every class
+        src, dst = (recipe.params_path(kind, "served", {"class": c}) for c in (made.donor, made.cpu_class))
+        shutil.copyfile(src, dst)
+        written.append(dst)
+    choices = runtime_choice.load(kind)
+    models = {kind.INT8_MODEL: {"runtime": made.variant, "reason": f"adopted from this machine's proof of the "
+                                f"{made.donor} recipe ({made.date}); timed on {made.variant} only"}}
+    choices["classes"][made.cpu_class] = {"models": models, "cpu": made.cpu, "date": datetime.date.today().isoformat(),
+                                          "command": f"python -m tritonkit.build {kind.NAME} --adopt-proof"}
+    runtime_choice.choice_path(kind).write_text(json.dumps(choices, indent=2, sort_keys=True) + "\n")
+    return [*written, runtime_choice.choice_path(kind)]
+
+
 def budget_from_minutes(minutes: float | None) -> float | None:
     """Seconds for a whole search of one model: the default when not given, none (unbounded) for 0."""
     return DEFAULT_BUDGET_S if minutes is None else minutes * 60 or None
@@ -226,6 +269,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--choose-runtime", action="store_true",
                         help="re-time every served file on ONNX Runtime and OpenVINO for this CPU class "
                              "(models/<name>.runtime.json; commit it)")
+    parser.add_argument("--adopt-proof", action="store_true",
+                        help="after the build, make this machine's proof of another CPU class's served recipe (a "
+                             "class with no entry of its own) this class's committed entry and runtime record "
+                             "(models/; commit them)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -254,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                 _log(f"{target}: {outcome.form} form serves FP32 (no INT8 candidate passed every gate)")
         forms = "".join(f"; {o.form} INT8 {o.status}" for o in result.outcomes)
         _log(f"{target}: done (built {', '.join(result.built) or 'nothing'}{forms})")
+        if args.adopt_proof:
+            for path in adopt_proof(kinds.get(target)):
+                _log(f"{target}: wrote {paths.rel(path)} (commit it)")
     return status
 
 

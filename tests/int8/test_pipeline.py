@@ -139,3 +139,12 @@ def test_a_class_without_its_own_entry_serves_what_this_machine_proved_of_a_dono
     committed_view = replica.decide(replica.record([kind], root / "repo")["models"][kind.INT8_MODEL],
                                     kind.INT8_MODEL, faked, bf16=False)
     assert not committed_view.int8 and "this machine" not in committed_view.reason
+    # Adopted (`--adopt-proof`), it is the class's committed entry: every view of that class serves it.
+    out = subprocess.run([sys.executable, "-m", "tritonkit.build", NAME, "--adopt-proof", "--no-progress"], env=env,
+                         cwd=paths.ROOT, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    entry = json.loads((root / "models" / f"{NAME}.int8.json").read_text())["served"][faked]
+    assert (entry["proven_from"], entry["status"]) == (made.donor, made.status)
+    adopted = replica.decide(replica.record([kind], root / "repo")["models"][kind.INT8_MODEL],
+                             kind.INT8_MODEL, faked, bf16=False)
+    assert adopted.int8 == (made.status == "passed") and "this machine" not in adopted.reason, adopted

@@ -32,7 +32,6 @@ from pathlib import Path
 from tritonkit import envinfo
 from tritonkit.errors import ReplicaError
 from tritonkit.serving.marks import INT8_SERVED_PARAMETER, PRECISION_PARAMETER
-from tritonkit.serving.runtimes import needs_bf16, without_bf16
 
 RECORD = "tritonkit-replicas.json"  # a file, not a folder: Triton takes only folders for models
 FALLBACK = "fp32"
@@ -281,7 +280,7 @@ def record(kinds: list, repository: Path, native=None, local: bool = False) -> d
     machine's proofs count too, for its own CPU class (the embedded server's view; never a committed one)."""
     from tritonkit.int8 import recipe
     from tritonkit.repository import runtime_choice
-    from tritonkit.serving.runtimes import DEFAULT
+    from tritonkit.serving.runtimes import DEFAULT, needs_bf16
 
     repository = Path(repository)
     models: dict[str, dict] = {}
@@ -335,6 +334,7 @@ def _without_bf16(kind, folder: Path, model: str, role: str, variant: str, nativ
     ONNX Runtime (serving.runtimes.without_bf16: the arithmetic the accuracy gates judged), when the file here is the
     class's proven one or the accurate candidate its search kept (`built`: a build on such a CPU replays and proves
     that, tritonkit.int8.recipe.load_recipes), else why not."""
+    from tritonkit.serving.runtimes import without_bf16  # lazily: the container's supervisor imports this module
 
     if not built:
         return {"missing": (f"the INT8 file here is not the {cpu} candidate for CPUs without native bf16 "
