@@ -11,12 +11,12 @@ the ones it judged. The NGC views, the container supervisor and the Kubernetes m
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tritonkit import envinfo, paths
+from tritonkit.int8.params import file_digest
 
 DIR = "proofs"
 
@@ -40,12 +40,8 @@ def path(kind) -> Path:
     return paths.BUILD_OUTPUTS / DIR / f"{kind.NAME}.json"
 
 
-def _sha(file: Path) -> str:
-    return hashlib.sha256(Path(file).read_bytes()).hexdigest()
-
-
 def write(kind, donor: str, status: str, reason: str, recipe: dict | None, variant: str, served: Path) -> Proof:
-    proof = Proof(kind.NAME, envinfo.int8_class(), donor, status, reason, recipe, variant, _sha(served),
+    proof = Proof(kind.NAME, envinfo.int8_class(), donor, status, reason, recipe, variant, file_digest(served),
                   envinfo.versions(), envinfo.cpu_model(), datetime.date.today().isoformat())
     out = path(kind)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -68,6 +64,6 @@ def valid(kind, served: Path) -> tuple[Proof | None, str]:
         return None, f"{paths.rel(file)} was made on a {proof.cpu_class} CPU"
     if proof.packages != envinfo.versions():
         return None, f"{paths.rel(file)} was made with other package versions: rebuild"
-    if not Path(served).exists() or proof.sha256 != _sha(served):
+    if not Path(served).exists() or proof.sha256 != file_digest(served):
         return None, f"{paths.rel(file)} judged another file than {paths.rel(Path(served))}: rebuild"
     return proof, ""

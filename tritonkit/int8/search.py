@@ -20,7 +20,6 @@ replayed by an ordinary build.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -35,6 +34,7 @@ from tritonkit.int8.evaluate import Evaluator
 from tritonkit.int8.fallback import Fallbacks
 from tritonkit.int8.fallback import passed as _passed
 from tritonkit.int8.gates import MIN_TENSORRT_INT8_SHARE, Gates, of_floor
+from tritonkit.int8.judge import digest_of
 from tritonkit.int8.planner import Planner
 from tritonkit.int8.records import Recipe, SearchResult, SearchSpec, Step
 from tritonkit.int8.scoring import distortion, passes
@@ -663,7 +663,7 @@ class Search(Planner, Fallbacks):
     def _result(self, recipe, validation, test, speed, failed, t0, reason, chosen=None,
                 accurate=None) -> SearchResult:
         # The judged graph's bytes: a replay that rebuilds them reuses this search's judgement (tritonkit.int8.judge).
-        digest = hashlib.sha256(self.build(recipe).SerializeToString()).hexdigest() if recipe else None
+        digest = digest_of(self.build(recipe)) if recipe else None
         if self._own:
             self.ws.close()
         if self._bar is not None:
