@@ -78,8 +78,9 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 endef
 
-test: lint ## lint, then the quick tier (not slow) against real tritonserver instances with tiny models
-	$(call run_pytest,-m "not slow")
+# The quick tier's tests mostly wait on servers they start: two workers, a test file each (its servers are per file).
+test: lint ## lint, then the quick tier (not slow) against real tritonserver instances with tiny models, in 2 processes
+	$(call run_pytest,-m "not slow" -n 2 --dist loadfile)
 
 test-all: lint ## lint, then every test (CI): the quick tier plus real model builds, the perf gate and the soak
 	$(call run_pytest,-m "not zoo")

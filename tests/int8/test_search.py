@@ -1215,8 +1215,8 @@ def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_
 @pytest.mark.parametrize("named", ["sensitive", "harmless"])
 def test_the_kinds_prior_float_nodes_are_one_candidate_before_the_scan(tiny, named):
     """A kind may name what its shipped models kept float: that set is scored right after the knob variants, and
-    where it holds on the whole split it is a candidate without a scan; one that misses costs one sample step, and
-    the scan finds the layer as before."""
+    where it holds on the whole split it is the search's result, with no scan or fallback after it; one that misses
+    costs one sample step, and the scan finds the layer as before."""
     path, sensitive = tiny
     spec = TinySpec()
     harmless = next(n for n in search.quantizable_nodes(path, spec.WEIGHT_OPS) if n != sensitive)
@@ -1229,7 +1229,7 @@ def test_the_kinds_prior_float_nodes_are_one_candidate_before_the_scan(tiny, nam
     assert result.passed and result.recipe.float_nodes == [sensitive], result.recipe
     if named == "sensitive":
         assert result.steps[prior].passed and stages[prior + 1] == "confirm", stages
-        assert stages.count("confirm") == 1  # the fallbacks found nothing shorter to confirm
+        assert "fallback" not in stages and not result.sensitivity, stages  # the passing prior ended the search
     else:
         assert not result.steps[prior].passed and result.sensitivity[0]["units"][0]["unit"] == sensitive
 
@@ -1375,14 +1375,52 @@ def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_
     spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=gate)
     workspace = search.Workspace()
     try:
-        got = pipeline.speed_probe(spec, path, ["int8", "uint8"], workspace, (search.DEFAULT, search.DEFAULT), False)
+        got, probed = pipeline.speed_probe(spec, path, ["int8", "uint8"], workspace,
+                                           (search.DEFAULT, search.DEFAULT), False)
         assert (got is not None) == decided
         if decided:
             assert got.recipe is None and not got.passed and "can meet the speed gate" in got.reason
             assert got.speed["int8_speedup"] < gate and got.form == "int8/uint8"
+        else:  # the start that cleared the gate, and its timings, for the search
+            assert probed.cleared is not None and set(probed.ceiling) >= {"speedup_hi_batch8"}
+            assert probed.quick[search._key(probed.cleared)] > gate
         assert workspace.prepared and not workspace.ranges and not workspace.stats  # graphs shared, ranges not
     finally:
         workspace.close()
+
+
+def test_the_search_does_not_time_again_what_the_speed_probe_timed(tiny, monkeypatch):
+    """Where the start the probe cleared is the search's fastest, its ceiling at every served batch size comes from
+    the probe, as does each start's quick timing the probe made (another graph of the same ops): not timed again."""
+    path, _ = tiny
+    spec = TinySpec()
+    spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=0.01)
+    spec.SEARCH_PRIOR = {"form": "int8", "placement": "inputs"}
+    workspace = search.Workspace()
+    try:
+        _, probed = pipeline.speed_probe(spec, path, ["int8"], workspace, (search.DEFAULT, search.DEFAULT), False)
+        timed = []
+        real = search.speedup
+        monkeypatch.setattr(search, "speedup", lambda *a, **k: timed.append(tuple(a[3])) or real(*a, **k))
+
+        def run(**kw):
+            timed.clear()
+            lines: list[str] = []
+            search.Search(spec, path, ["int8"], check_speed=True, progress=False, log=lines.append,
+                          workspace=workspace, **kw).run()
+            return list(timed), lines
+
+        alone, _ = run()
+        # The other start as if the probe had timed it too, slower (the probe stops at the first that clears):
+        # the cleared one is then the fastest whatever this machine's noise.
+        other = search._key(search.Recipe(form="int8", placement="all"))
+        inputs = probed.quick[search._key(probed.cleared)]
+        after, lines = run(probed=replace(probed, quick={**probed.quick, other: inputs / 2}))
+    finally:
+        workspace.close()
+    assert probed.cleared == search.Recipe(form="int8", placement="inputs")
+    assert any("in the speed probe: not timed again" in line for line in lines), "\n".join(lines)
+    assert len(after) == len(alone) - 3, (alone, after)  # both starts' quick timings and the ceiling
 
 
 @pytest.mark.parametrize("gate, probed", [(100.0, 4), (0.01, 1)])

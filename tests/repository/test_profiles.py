@@ -8,8 +8,8 @@ import tritonclient.http as httpclient
 from tritonkit_client import Client, embed
 from tritonkit_client.image import classify
 
-from tests.support.text_support import ensure_text_built
-from tritonkit import build, kinds, paths
+from tests.support.text_support import ensure_built, ensure_text_built
+from tritonkit import kinds, paths
 from tritonkit.repository.config import find_profiles, load_profile
 from tritonkit.serving import imaging
 
@@ -37,7 +37,7 @@ def photos() -> list[bytes]:
 @pytest.fixture(scope="module")
 def reference(start_server, photos):
     ensure_text_built()
-    build.build("image", progress=False)
+    ensure_built("image")
     server = start_server(paths.MODEL_REPOSITORY, model_control_mode="explicit", models=MODELS)
     try:
         client = Client(server.http_url)

@@ -68,6 +68,7 @@ def test_the_files_share_a_build_budget_by_their_work(monkeypatch):
     assert shares(kind, both, frozenset({kind.FP32_MODEL})) == [1.0, 1.0]  # its timings borrowed: no work
 
 
+@pytest.mark.slow  # times or judges the real MiniLM files (30-100 s on 2 cores)
 def test_a_build_budget_bounds_the_runtime_choice_and_a_cut_is_measured_again(tmp_path):
     """Past a build's deadline a file is not timed: ONNX Runtime serves it and the record says the budget cut it.
     Within a deadline it is timed in the rounds that fit, and the cut record is not reused. On the real text build,
@@ -112,6 +113,7 @@ def test_an_accuracy_check_counts_the_fp32_reference_it_still_has_to_compute(mon
     assert check_seconds(1000, 0.01, 1.0, 4, False) == pytest.approx(10.0)  # more threads than cores: no credit
 
 
+@pytest.mark.slow  # times or judges the real MiniLM files (30-100 s on 2 cores)
 def test_an_int8_file_that_holds_the_absolute_gates_needs_no_floor(tmp_path, monkeypatch):
     """The floor only loosens gates, so the runtime choice measures it only for a variant that misses the absolute
     ones (MPNet's, not measured by a search the speed probe ended, is ~9 min here). MiniLM's INT8 file, timed
@@ -191,6 +193,7 @@ def test_exactness_is_measured_against_int32_arithmetic_of_the_same_file(tmp_pat
     assert worst_cosine(served, ExactSession(other), "y", feeds) < 0.9
 
 
+@pytest.mark.slow  # times or judges the real MiniLM files (30-100 s on 2 cores)
 def test_a_packed_file_is_scored_against_the_fp32_reference_in_its_texts_order():
     """The runtime choice scores a packed file's embeddings (texts in arrival order) against the FP32 reference the
     replay computed over eval_batches (texts length-sorted): rows put back in arrival order, the packed FP32 file
@@ -241,6 +244,7 @@ def test_an_fp32_fallbacks_packed_form_is_its_twins_with_the_fallbacks_marks(tmp
     assert np.array_equal(kind.embed_packed(session(packed), texts), twin)
 
 
+@pytest.mark.slow  # times or judges the real MiniLM files (30-100 s on 2 cores)
 def test_an_fp32_fallback_at_its_twins_threads_is_timed_once(tmp_path):
     """An FP32 fallback under the INT8 name is its FP32 twin's graph; at the same threads the twin's timings are
     the INT8 name's, measured once (Lite1's files; an added image model's). The INT8 name then has the

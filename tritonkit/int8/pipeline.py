@@ -37,7 +37,7 @@ from tritonkit.int8.recipe import (
     search_command,
 )
 from tritonkit.int8.recipe import write as write_recipes
-from tritonkit.int8.records import Recipe, SearchResult
+from tritonkit.int8.records import ProbeTimings, Recipe, SearchResult
 from tritonkit.int8.search import Search
 from tritonkit.serving.runtimes import usable_here
 
@@ -152,17 +152,17 @@ def form_cut(kind, fp32: Path, form: str, left_s: float, row_s: float) -> Search
 
 
 def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: tuple[str, str], progress: bool
-                ) -> SearchResult | None:
+                ) -> tuple[SearchResult | None, ProbeTimings]:
     """The served form's result where no INT8 graph can meet its speed gate (Search.speed_probe), before its floor
-    is measured or anything calibrated; None where one might."""
+    is measured or anything calibrated, else None; and what the probe timed, which the search does not time again."""
     t0 = time.perf_counter()
     probe = Search(FewCalibrationBatches(kind), fp32, forms, check_speed=True, progress=progress, log=_log,
                    workspace=workspace.graphs_only(), speed_variants=speed_variants)
     ceiling = probe.speed_probe()
     if ceiling is None:
-        return None
+        return None, probe.probed
     return SearchResult("/".join(forms), None, {}, {}, ceiling[1], [], [], [], round(time.perf_counter() - t0, 1),
-                        False, ceiling[0])
+                        False, ceiling[0]), probe.probed
 
 
 def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None = None, only: str | None = None,
@@ -210,9 +210,9 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
             own = committed.get(form, {}).get(cpu) if form == "served" else committed.get(form)
             candidate = None if fresh else committed_candidate(kind, form, own, fp32, source)
-            result = None
+            result, probed = None, None
             if form == "served" and candidate is None:  # a committed candidate is judged first instead
-                result = speed_probe(kind, fp32, forms, workspace, speed_variants, progress)
+                result, probed = speed_probe(kind, fp32, forms, workspace, speed_variants, progress)
             share = budget.share(SERVED_SHARE) if form == "served" and both else budget
             if result is None and share.bounded:
                 row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32)
@@ -225,7 +225,7 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
                 share = budget.share(SERVED_SHARE) if form == "served" and both else budget  # after the floor
                 searcher = Search(kind, fp32, forms, check_speed=form == "served", budget=share, progress=progress,
                                   log=_log, workspace=workspace, exact=exact, gates=form_gates,
-                                  speed_variants=speed_variants, committed=candidate)
+                                  speed_variants=speed_variants, committed=candidate, probed=probed)
                 result = searcher.run()
             full[form] = result.to_json()
             # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.

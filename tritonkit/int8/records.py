@@ -82,6 +82,17 @@ class Recipe:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class ProbeTimings:
+    """What the served form's speed probe (Search.speed_probe) timed, which its search then does not time again:
+    `quick`, each start's speed-up at the largest served batch size by recipe key; `cleared`, the start timed over
+    the speed gate at every served batch size, and `ceiling`, those timings."""
+
+    quick: dict[str, float]
+    cleared: Recipe | None = None
+    ceiling: dict[str, float] | None = None
+
+
 @dataclass
 class Step:
     stage: str

@@ -7,6 +7,8 @@ For one activation form (the CPU-served one, or TensorRT's symmetric INT8) the s
    that matter one at a time, keeping what helps: SmoothQuant alpha for MatMul models, bias correction or GPTQ
    weight rounding for conv models, the calibration method where onnxruntime allows it (histogram calibrators
    need equal-shape feeds);
+   Where the kind names what its shipped models kept float (SEARCH_PRIOR_FLOAT) and that set holds every gate
+   here, it is the result: steps 2 and 3 could only find fewer float nodes, which those models did not keep;
 2. ranks every quantizable unit (a node with a constant weight, or a block of them when a graph has many) by its
    sensitivity: how much the validation metrics recover when that unit alone stays float;
 3. puts the most sensitive units back in float, cumulatively, until every gate holds on the validation split (with
@@ -36,7 +38,7 @@ from tritonkit.int8.fallback import passed as _passed
 from tritonkit.int8.gates import MIN_TENSORRT_INT8_SHARE, Gates, of_floor
 from tritonkit.int8.judge import digest_of
 from tritonkit.int8.planner import Planner
-from tritonkit.int8.records import Recipe, SearchResult, SearchSpec, Step
+from tritonkit.int8.records import ProbeTimings, Recipe, SearchResult, SearchSpec, Step
 from tritonkit.int8.scoring import distortion, passes
 from tritonkit.int8.scoring import summary as _summary
 from tritonkit.int8.speed import describe as _speed
@@ -67,7 +69,7 @@ class Search(Planner, Fallbacks):
                  budget: Budget | None = None, progress: bool = True, log: Callable = print,
                  workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None,
                  gates: Gates | None = None, speed_variants: tuple[str, str] = (DEFAULT, DEFAULT),
-                 committed: tuple[Recipe, object] | None = None):
+                 committed: tuple[Recipe, object] | None = None, probed: ProbeTimings | None = None):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         # The gates of each split, judged against the FP32 graph's half-precision floor there (tritonkit.int8.gates).
         self.gates = gates or of_floor(spec, "served" if check_speed else "tensorrt", None)
@@ -110,6 +112,8 @@ class Search(Planner, Fallbacks):
                                name=f"{spec.NAME}-{'served' if check_speed else 'tensorrt'}")  # as replays name it
         self._judged = False  # the committed candidate was measured: no start must run whatever the budget
         self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
+        self.probed = probed or ProbeTimings({})  # what the speed probe timed (speed_probe fills its own)
+        self._ceiling_timed: dict[str, float] | None = None  # speed_ceiling's last timings
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def build(self, r: Recipe):
@@ -165,8 +169,10 @@ class Search(Planner, Fallbacks):
             return None
         sp = None
         if speed and self.check_speed:
-            sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
-                         variants=self.speed_variants)["int8_speedup"]
+            sp = self.probed.quick.get(_key(r))  # the probe timed this start's graph (other ranges, same ops)
+            if sp is None:
+                sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
+                             variants=self.speed_variants)["int8_speedup"]
         if sp is not None and drop_under is not None and sp < drop_under:
             step = unscored(sp)
             self._took(f"{stage}:speed", time.perf_counter() - t0 - (self.builder.setup_s - setup))  # not a scored step
@@ -299,7 +305,8 @@ class Search(Planner, Fallbacks):
         step = self.measure("prior", f"the kind's {len(nodes)} prior float nodes", r, evaluator=self.sample, ahead=0.0)
         if not _passed(step):
             return None
-        confirmed = self.measure("confirm", "the prior float nodes on all validation", r, speed=True)
+        # Untimed here: a confirmed candidate is timed at every served batch size next (_time_candidate).
+        confirmed = self.measure("confirm", "the prior float nodes on all validation", r)
         if not _passed(confirmed):
             return None
         return r, self._time_candidate(r)
@@ -360,6 +367,7 @@ class Search(Planner, Fallbacks):
         self._took("speed", time.perf_counter() - t1)
         under = [b for b in self.spec.SPEED_BATCHES if speed[f"speedup_hi_batch{b}"] < gate]
         self._tight_batch = min(self.spec.SPEED_BATCHES, key=lambda b: speed[f"speedup_hi_batch{b}"])
+        self._ceiling_timed = speed
         self.log(f"[search] speed ceiling: {r.describe()} (every unit INT8) runs {_speed(speed)} against FP32 on "
                  f"{self.speed_variants[0]}")
         if not under:
@@ -381,6 +389,7 @@ class Search(Planner, Fallbacks):
         from tritonkit.errors import QuantizationError
 
         gate, timed = self.spec.SPEED_TARGET.value, None  # timed: (start, its ceiling) timed at every batch size
+        quick: dict[str, float] = {}
         for r in self._probe_order():
             try:
                 model = self.build(r)
@@ -390,6 +399,8 @@ class Search(Planner, Fallbacks):
             sp = speedup(self.spec, self.fp32, model, self.spec.SPEED_BATCHES[-1:], repeats=3,
                          variants=self.speed_variants)["int8_speedup"]
             self.log(f"  probe       {r.describe():<42} speed x{sp:.2f} (batch {self.spec.SPEED_BATCHES[-1]})")
+            quick[_key(r)] = sp
+            self.probed = ProbeTimings(dict(quick))
             if self._fastest is None or sp > self._fastest[1]:
                 self._fastest = (r, sp)
             if sp >= gate and timed is None:
@@ -398,10 +409,23 @@ class Search(Planner, Fallbacks):
                 timed = (r, self.speed_ceiling(r))
                 if timed[1] is None:
                     self.log(f"  probe       {r.describe()} can meet the speed gate: the other starts not probed")
+                    self.probed = ProbeTimings(quick, r, self._ceiling_timed)
                     return None
         if timed is not None and timed[0] == self._fastest[0]:
             return timed[1]
         return self.speed_ceiling()
+
+    def _cleared_by_probe(self) -> bool:
+        """Whether the fastest start is the one the speed probe timed over the gate at every served batch size (its
+        graph had other ranges, the same ops): its ceiling is known, and not timed again."""
+        cleared, ceiling = self.probed.cleared, self.probed.ceiling
+        if not self.check_speed or cleared is None or ceiling is None or self._fastest is None \
+                or _key(self._fastest[0]) != _key(cleared):
+            return False
+        self._tight_batch = min(self.spec.SPEED_BATCHES, key=lambda b: ceiling[f"speedup_hi_batch{b}"])
+        self.log(f"[search] speed ceiling: {cleared.describe()} (every unit INT8) ran {_speed(ceiling)} in the "
+                 "speed probe: not timed again")
+        return True
 
     def _probe_order(self) -> list[Recipe]:
         """Every start, the kind's prior's form and placement first: what won on the shipped models is likeliest
@@ -509,7 +533,7 @@ class Search(Planner, Fallbacks):
         if first is not None:
             self._sort_by_speed(ok, slow, failed, [first])
         tracks = self.start()
-        ceiling = None if ok else self.speed_ceiling()
+        ceiling = None if ok or self._cleared_by_probe() else self.speed_ceiling()
         if ceiling is not None:
             accurate = self._held_out(*max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))) if slow else None
             return self._result(None, {}, {}, ceiling[1], failed, t0, ceiling[0], accurate=accurate)
@@ -544,6 +568,12 @@ class Search(Planner, Fallbacks):
                 found = self.prior_float(variant)
                 if found is not None:
                     break
+            if found is not None and (not self.check_speed or self.spec.SPEED_TARGET.met(found[1])):
+                # The scan and fallback would only look for fewer float nodes than the kind's shipped models kept:
+                # a passing prior ends the search (a 6-layer MiniLM cut: 43 s of fallbacks found nothing shorter).
+                self.log(f"  prior {found[0].describe()} holds every gate: the search ends with it (no scan)")
+                self._sort_by_speed(ok, slow, failed, [found])
+                break
             # The sample also carries the whole split's worst rows, which decide worst-case gates.
             # It must leave a scan of one unit and its fallback.
             if scored and self.fits("resample", "the whole split's worst rows", self.estimate("resample"),
