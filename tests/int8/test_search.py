@@ -715,6 +715,12 @@ def test_a_served_recipe_is_resolved_for_this_cpus_int8_class(tmp_path):
     assert not recipe.all_classes_fall_back(spec)  # the committed config marks a fallback of every class only
     spec = _recipe_file(tmp_path, {"vnni": own, "avx2": own})
     assert recipe.all_classes_fall_back(spec)
+    # A class without its own entry borrows a found recipe, judged in its own arithmetic where there is one.
+    spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": legacy})
+    assert recipe.load_recipes(spec, cpu="avx512")["served"]["borrowed_from"] == "avx2"
+    assert recipe.load_recipes(spec, cpu="generic")["served"]["borrowed_from"] == "avx2"
+    spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": own})
+    assert recipe.load_recipes(spec, cpu="avx512")["served"]["borrowed_from"] == "vnni"
 
 
 @pytest.mark.parametrize("borrowed", [False, True])

@@ -116,9 +116,23 @@ def load_recipes(kind, cpu: str | None = None) -> dict | None:
         own = by_class[cpu]
         data["served"] = (here and not envinfo.has_bf16() and without_bf16(own)) or own
     else:
-        donor = "vnni" if "vnni" in by_class else sorted(by_class)[0]
+        donor = donor_class(cpu, by_class)
         data["served"] = {**by_class[donor], "borrowed_from": donor}
     return data
+
+
+def donor_class(cpu: str, by_class: dict) -> str:
+    """Whose served entry a class without its own replays: one that found a recipe, then one judged in the
+    arithmetic `cpu` computes (VNNI's native int32 sums, or the exact path every other class takes), then the
+    nearest in envinfo.CLASSES (an avx512 CPU borrows avx2's recipe, searched on a CPU of its own arithmetic)."""
+    order = list(envinfo.CLASSES)
+
+    def rank(c: str) -> tuple:
+        known = c in order
+        return (by_class[c].get("status") != "passed", (c == "vnni") != (cpu == "vnni"),
+                abs(order.index(c) - order.index(cpu)) if known and cpu in order else len(order), c)
+
+    return min(by_class, key=rank)
 
 
 def without_bf16(entry: dict) -> dict | None:
