@@ -204,7 +204,6 @@ def adopt_proof(kind) -> list[Path]:
     entry: the served recipe (with its quantization parameters) or fallback in models/<name>.int8.json, and the INT8
     name's runtime in models/<name>.runtime.json. Returns the files written (commit them); every replica of the
     class, the NGC views and the manifests then serve it."""
-    import datetime
     import json
     import shutil
 
@@ -224,7 +223,7 @@ def adopt_proof(kind) -> list[Path]:
     passed = made.status == "passed"
     report = json.loads(report_path(kind).read_text())
     served[made.cpu_class] = {
-        **{k: v for k, v in served[made.donor].items() if k in ("recipe", "validation", "floor")},
+        **{k: v for k, v in served[made.donor].items() if k in ("validation", "floor")},
         "recipe": made.recipe if passed else None, "status": made.status, "reason": made.reason,
         "int8_variant": made.variant, "proven_from": made.donor, "test": report.get("test", {}),
         "speed": report.get("speed", {}), "env": envinfo.fingerprint()}
@@ -233,13 +232,10 @@ def adopt_proof(kind) -> list[Path]:
         src, dst = (recipe.params_path(kind, "served", {"class": c}) for c in (made.donor, made.cpu_class))
         shutil.copyfile(src, dst)
         written.append(dst)
-    choices = runtime_choice.load(kind)
     models = {kind.INT8_MODEL: {"runtime": made.variant, "reason": f"adopted from this machine's proof of the "
                                 f"{made.donor} recipe ({made.date}); timed on {made.variant} only"}}
-    choices["classes"][made.cpu_class] = {"models": models, "cpu": made.cpu, "date": datetime.date.today().isoformat(),
-                                          "command": f"python -m tritonkit.build {kind.NAME} --adopt-proof"}
-    runtime_choice.choice_path(kind).write_text(json.dumps(choices, indent=2, sort_keys=True) + "\n")
-    return [*written, runtime_choice.choice_path(kind)]
+    return [*written, runtime_choice.write_class(kind, runtime_choice.load(kind), made.cpu_class, models, made.cpu,
+                                                 "--adopt-proof")]
 
 
 def budget_from_minutes(minutes: float | None) -> float | None:

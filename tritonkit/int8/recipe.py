@@ -125,14 +125,13 @@ def donor_class(cpu: str, by_class: dict) -> str:
     """Whose served entry a class without its own replays: one that found a recipe, then one judged in the
     arithmetic `cpu` computes (VNNI's native int32 sums, or the exact path every other class takes), then the
     nearest in envinfo.CLASSES (an avx512 CPU borrows avx2's recipe, searched on a CPU of its own arithmetic)."""
-    order = list(envinfo.CLASSES)
+    order = envinfo.CLASSES
 
-    def rank(c: str) -> tuple:
-        known = c in order
-        return (by_class[c].get("status") != "passed", (c == "vnni") != (cpu == "vnni"),
-                abs(order.index(c) - order.index(cpu)) if known and cpu in order else len(order), c)
+    def distance(c: str) -> int:
+        return abs(order.index(c) - order.index(cpu)) if c in order and cpu in order else len(order)
 
-    return min(by_class, key=rank)
+    return min(by_class, key=lambda c: (by_class[c].get("status") != "passed", (c == "vnni") != (cpu == "vnni"),
+                                         distance(c), c))
 
 
 def without_bf16(entry: dict) -> dict | None:

@@ -357,19 +357,24 @@ class Search(Planner, Fallbacks):
         """(why, its timings) when no recipe can meet the speed gate, else None. The fastest start (or `start`) has
         every unit in INT8, and units put back in float only slow a graph down: where its 95 % interval at some served
         batch size lies wholly under the gate, every candidate's would, so nothing is searched (MiniLM and MPNet
-        against the FP32 file on OpenVINO bf16 on an AMX CPU). Timed at every served batch size, as the gate is."""
+        against the FP32 file on OpenVINO bf16 on an AMX CPU). Timed at every served batch size, as the gate is,
+        unless it is the start the speed probe timed so (its graph had other ranges, the same ops)."""
         if not self.check_speed or (self._fastest is None and start is None):
             return None
         r, gate = start or self._fastest[0], self.spec.SPEED_TARGET.value
-        t1 = time.perf_counter()
-        speed = speedup(self.spec, self.fp32, self.build(r), self.spec.SPEED_BATCHES,
-                        variants=self.speed_variants, separate_from=gate)
-        self._took("speed", time.perf_counter() - t1)
+        if self.probed.cleared is not None and _key(r) == _key(self.probed.cleared):
+            speed = self.probed.ceiling
+            how = f"ran {_speed(speed)} in the speed probe: not timed again"
+        else:
+            t1 = time.perf_counter()
+            speed = speedup(self.spec, self.fp32, self.build(r), self.spec.SPEED_BATCHES,
+                            variants=self.speed_variants, separate_from=gate)
+            self._took("speed", time.perf_counter() - t1)
+            how = f"runs {_speed(speed)} against FP32 on {self.speed_variants[0]}"
         under = [b for b in self.spec.SPEED_BATCHES if speed[f"speedup_hi_batch{b}"] < gate]
         self._tight_batch = min(self.spec.SPEED_BATCHES, key=lambda b: speed[f"speedup_hi_batch{b}"])
         self._ceiling_timed = speed
-        self.log(f"[search] speed ceiling: {r.describe()} (every unit INT8) runs {_speed(speed)} against FP32 on "
-                 f"{self.speed_variants[0]}")
+        self.log(f"[search] speed ceiling: {r.describe()} (every unit INT8) {how}")
         if not under:
             return None
         b = under[0]
@@ -390,6 +395,7 @@ class Search(Planner, Fallbacks):
 
         gate, timed = self.spec.SPEED_TARGET.value, None  # timed: (start, its ceiling) timed at every batch size
         quick: dict[str, float] = {}
+        self.probed = ProbeTimings(quick)  # filled as the starts are timed
         for r in self._probe_order():
             try:
                 model = self.build(r)
@@ -400,7 +406,6 @@ class Search(Planner, Fallbacks):
                          variants=self.speed_variants)["int8_speedup"]
             self.log(f"  probe       {r.describe():<42} speed x{sp:.2f} (batch {self.spec.SPEED_BATCHES[-1]})")
             quick[_key(r)] = sp
-            self.probed = ProbeTimings(dict(quick))
             if self._fastest is None or sp > self._fastest[1]:
                 self._fastest = (r, sp)
             if sp >= gate and timed is None:
@@ -414,18 +419,6 @@ class Search(Planner, Fallbacks):
         if timed is not None and timed[0] == self._fastest[0]:
             return timed[1]
         return self.speed_ceiling()
-
-    def _cleared_by_probe(self) -> bool:
-        """Whether the fastest start is the one the speed probe timed over the gate at every served batch size (its
-        graph had other ranges, the same ops): its ceiling is known, and not timed again."""
-        cleared, ceiling = self.probed.cleared, self.probed.ceiling
-        if not self.check_speed or cleared is None or ceiling is None or self._fastest is None \
-                or _key(self._fastest[0]) != _key(cleared):
-            return False
-        self._tight_batch = min(self.spec.SPEED_BATCHES, key=lambda b: ceiling[f"speedup_hi_batch{b}"])
-        self.log(f"[search] speed ceiling: {cleared.describe()} (every unit INT8) ran {_speed(ceiling)} in the "
-                 "speed probe: not timed again")
-        return True
 
     def _probe_order(self) -> list[Recipe]:
         """Every start, the kind's prior's form and placement first: what won on the shipped models is likeliest
@@ -533,7 +526,7 @@ class Search(Planner, Fallbacks):
         if first is not None:
             self._sort_by_speed(ok, slow, failed, [first])
         tracks = self.start()
-        ceiling = None if ok or self._cleared_by_probe() else self.speed_ceiling()
+        ceiling = None if ok else self.speed_ceiling()
         if ceiling is not None:
             accurate = self._held_out(*max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))) if slow else None
             return self._result(None, {}, {}, ceiling[1], failed, t0, ceiling[0], accurate=accurate)

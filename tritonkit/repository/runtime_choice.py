@@ -526,10 +526,16 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
                                          gates if gated else None), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
-        data["classes"][cpu_class] = {
-            "models": records, "versions": runtimes.versions(), "cpu": envinfo.cpu_model(),
-            "date": datetime.date.today().isoformat(),
-            "command": f"python -m tritonkit.build {kind.NAME} --choose-runtime"}
-        choice_path(kind).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        write_class(kind, data, cpu_class, records, envinfo.cpu_model(), "--choose-runtime")
         log(f"{kind.NAME}: wrote {paths.rel(choice_path(kind))} ({cpu_class})")
     return data["classes"][cpu_class]
+
+
+def write_class(kind, data: dict, cpu_class: str, models: dict, cpu: str, flag: str) -> Path:
+    """The choice file (`data`, as load read it) with `cpu_class`'s record set to `models`, timed on `cpu` and made
+    by `python -m tritonkit.build <name> <flag>`: the file's one writer."""
+    data["classes"][cpu_class] = {"models": models, "versions": runtimes.versions(), "cpu": cpu,
+                                  "date": datetime.date.today().isoformat(),
+                                  "command": f"python -m tritonkit.build {kind.NAME} {flag}"}
+    choice_path(kind).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return choice_path(kind)
