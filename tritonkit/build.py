@@ -135,15 +135,18 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
         _log(f"{kind.NAME}: packed form {paths.rel(out)} (its FP32 twin's, with the fallback's marks)")
         fingerprint.stamp(kind.NAME, stage, stamp)
         return out
-    targets, reference = [], None
+    judge, reference = None, None
     if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
         from tritonkit.int8 import evaluate
         from tritonkit.int8.gates import for_form
 
-        targets = (gates or for_form(kind, fp32, "served", log=_log)).targets["test"]
+        gates = gates or for_form(kind, fp32, "served", log=_log)
+
+        def judge(metrics: dict) -> list[str]:
+            return gates.missed("test", metrics)
         reference = evaluate.reference(kind, fp32, "test")  # the replay's, when it ran in this process
     try:
-        kind.write_packed(model_path, fp32, targets, reference)
+        kind.write_packed(model_path, fp32, judge, reference)
     except packing.PackingError as err:  # the backend then runs padded length buckets, as before
         _log(f"{kind.NAME}: no packed form of {paths.rel(model_path)}: {err}")
         out.unlink(missing_ok=True)

@@ -495,12 +495,12 @@ class _Scan(search.Search):
 def test_a_scan_cut_by_the_budget_ranks_its_unmeasured_units_after_those_that_helped():
     gains = {"u0": 2.0, "u1": -1.0, "u2": 5.0, "u3": 9.0, "u4": 1.0}
     s = _Scan(gains, affordable=3)
-    ranked = [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}, 0.0))]
+    ranked = [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}))]
     assert ranked == ["u2", "u0", "u3", "u4", "u1"]  # helped by gain, then unmeasured in graph order, then no help
     assert [u["unit"] for u in s.sensitivity[0]["units"]] == ["u2", "u0", "u1"]
     assert s.sensitivity[0]["unmeasured"] == ["u3", "u4"]
     s = _Scan(gains, affordable=0)  # no unit measured: graph order
-    assert [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}, 0.0))] \
+    assert [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}))] \
         == list(gains)
 
 
@@ -1342,16 +1342,22 @@ def test_a_build_graphs_fp32_reference_is_computed_once_across_processes(tiny, t
     assert runs == [4, 4, 4] and len(list((tmp_path / "build" / "cache" / "references").glob("*.npy"))) == 1
 
 
-def test_a_form_whose_floor_and_first_start_would_not_fit_is_not_searched(tiny, tmp_path):
-    """A build's budget holds for a model of any size: a form's half-precision floor (the FP32 references not yet
-    computed, then a run at its precision) and first start are estimated from the FP32 graph's seconds a row, and a
-    form they would not fit in is not started; it records an FP32 fallback that names the budget and the command."""
+@pytest.mark.parametrize("up_front", [False, True])
+def test_a_form_whose_first_start_and_up_front_floor_would_not_fit_is_not_searched(tiny, tmp_path, up_front):
+    """A build's budget holds for a model of any size: a form's first start and, where its gates measure the
+    half-precision floor up front (a gate at its maximum, gates.deferrable; else a judgement measures it when it
+    needs it), that floor (the FP32 references not yet computed, then a run at its precision) are estimated from the
+    FP32 graph's seconds a row, and a form they would not fit in is not started; it records an FP32 fallback that
+    names the budget and the command."""
     import shutil
 
-    from tritonkit.int8 import evaluate, floor
+    from tritonkit.int8 import evaluate, floor, gates
 
     path, _ = tiny
     spec = TinySpec()
+    if up_front:
+        spec.TARGETS = (*spec.TARGETS, Target("cosine_min", ">=", 1.0))
+    assert gates.deferrable(spec) is not up_front
     fresh = tmp_path / "tiny.onnx"  # a graph no test computed references of
     shutil.copy(path, fresh)
     rows = {s: sum(len(b["x"]) for b in spec.eval_batches(s)) for s in ("validation", "test")}
@@ -1361,12 +1367,13 @@ def test_a_form_whose_floor_and_first_start_would_not_fit_is_not_searched(tiny, 
     evaluate.reference(spec, fresh, "test")
     warm = sum(rows.values()) * floor.PRECISION_COST
     assert floor.estimate_s(spec, fresh, "bf16", row_s=1.0) == pytest.approx(warm)
-    start = START_PASSES * rows["validation"]
-    assert pipeline.form_cut(spec, fresh, "served", warm + start, row_s=1.0) is None
-    cut = pipeline.form_cut(spec, fresh, "tensorrt", warm + start - 1.0, row_s=1.0)
+    need = START_PASSES * rows["validation"] + (warm if up_front else 0.0)
+    assert pipeline.form_cut(spec, fresh, "served", need, row_s=1.0) is None
+    cut = pipeline.form_cut(spec, fresh, "tensorrt", need - 1.0, row_s=1.0)
     assert cut is not None and cut.recipe is None and not cut.passed and cut.form == "int8"
     assert "budget cut the tensorrt search" in cut.reason and "make int8-search MODEL=tiny FORM=tensorrt" in cut.reason
-    assert cut.cuts[0]["stage"] == "form" and cut.cuts[0]["estimate_s"] == pytest.approx(warm + start, abs=0.1)
+    assert ("floor" in cut.reason) is up_front
+    assert cut.cuts[0]["stage"] == "form" and cut.cuts[0]["estimate_s"] == pytest.approx(need, abs=0.1)
     assert floor.row_seconds(spec, fresh) > 0.0
 
 

@@ -48,10 +48,10 @@ def main(argv: list[str]) -> int:
 
     write_packed = TextEmbedding.write_packed
 
-    def counted_write_packed(self, model_path, fp32=None, targets=(), reference=None):
+    def counted_write_packed(self, model_path, fp32=None, judge=None, reference=None):
         if fp32 is not None:  # an INT8 graph's packed form, judged on the test split (a float one: a few texts)
             ledger.append({"what": "evaluate", "split": "test", "graph": _digest(model_path) + ":packed"})
-        return write_packed(self, model_path, fp32, targets, reference)
+        return write_packed(self, model_path, fp32, judge, reference)
 
     TextEmbedding.write_packed = counted_write_packed
     evaluate.Evaluator.metrics = counted_metrics

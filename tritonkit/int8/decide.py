@@ -83,8 +83,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
     gates = gates or for_entry(kind, fp32, form, entry, log=_log)
     rep: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                  "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
-                 "search_env": data.get("env", {}), "search": report.search_summary(kind, form),
-                 "floor": gates.floor, "gates": gates.rows(kind)}
+                 "search_env": data.get("env", {}), "search": report.search_summary(kind, form)}
     borrowed, here, candidate = entry.get("borrowed_from"), envinfo.int8_class(), entry.get("without_bf16")
     if borrowed:
         rep["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
@@ -92,10 +91,12 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
         rep["recipe_cpu"] = (f"the {here} search's accurate candidate, which lost its speed race to FP32 on "
                              f"{BF16_COMPETITOR} there; this CPU has no native bf16")
 
+    def write(**fields) -> None:  # the floor as the judgement left it: measured only where it was needed
+        report.write(kind, form, {**rep, **fields, "floor": gates.floor, "gates": gates.rows(kind)})
+
     def fall_back(reason: str) -> Outcome:
         write_fp32_fallback(fp32, out, reason)
-        rep.update(status=FALLBACK, passed=False, served="fp32", reason=reason)
-        report.write(kind, form, rep)
+        write(status=FALLBACK, passed=False, served="fp32", reason=reason)
         report.loud(f"{kind.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
                     f"served under the INT8 model's name")
         return Outcome(form, out, FALLBACK, [], reason, gates)
@@ -128,7 +129,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
     judged = judge.judge(kind, fp32, form, tmp, exact, variants, digest, log=_log)
     metrics = {"test": judged.test, "validation": entry.get("validation") or {}}
     speed = judged.speed
-    miss = [f"test: {m}" for m in missed(gates.targets["test"], metrics["test"])]
+    miss = [f"test: {m}" for m in gates.missed("test", metrics["test"])]
     if gates.speed is not None and not gates.speed.met(speed):
         miss += missed([gates.speed], speed)
     share = artefact_int8_share(tmp, kind.WEIGHT_OPS)
@@ -159,5 +160,5 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
                test=metrics["test"], speed=speed, speed_variants=list(variants) if speed else None,
                int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(build_s, 1),
                judged_by=judged.by, sha256=digest)
-    report.write(kind, form, rep)
+    write()
     return Outcome(form, out, rep["status"], miss, "", gates, judged)

@@ -3,14 +3,12 @@ floor, the runtime choice and the packed-graph proof share (the gate checks are 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from tritonkit.int8.records import SearchSpec
-from tritonkit.int8.scoring import passes, summary
-from tritonkit.kinds.gates import Target, missed
 
 Feeds = Mapping[str, np.ndarray]
 # Without VNNI an INT8 file is served on a runtime only if it computes what exact int32 arithmetic of the file does:
@@ -161,16 +159,15 @@ class Evaluator:
     def metrics(self, model, exact: bool = False) -> dict[str, float]:
         return self.spec.gate_metrics(self.ref, run_batches(session(model, exact=exact), self.batches))
 
-    def served_problems(self, model, variant: str, targets: Sequence[Target], threads: int, margin: float = 0.0,
+    def served_problems(self, model, variant: str, judge: Callable[[dict[str, float]], list[str]], threads: int,
                         exact: bool = False) -> tuple[dict[str, float], list[str]]:
-        """(metrics, what `model` misses) run as `variant` serves it: `targets` with `margin` (the search's, which
-        left its candidates room for the held-out split) against the FP32 outputs, and, where the search judges exact
-        int32 arithmetic (a CPU without VNNI), agreement with it (the runtime choice's rule)."""
+        """(metrics, what `model` misses) run as `variant` serves it: `judge`'s lines on its metrics against the FP32
+        outputs (the search's gates with its margin, which left its candidates room for the held-out split), and,
+        where the search judges exact int32 arithmetic (a CPU without VNNI), agreement with it (the runtime
+        choice's rule)."""
         got = run_variant(variant, model, self.batches, threads)
         metrics = self.spec.gate_metrics(self.ref, got)
-        problems = missed(targets, metrics)
-        if not problems and not passes(targets, metrics, margin):
-            problems.append(f"within the {margin} margin of a gate: {summary(targets, metrics)}")
+        problems = judge(metrics)
         if exact:
             agreement = cosine_min(got, run_batches(session(model, exact=True), self.batches))
             if agreement < EXACT_COSINE:

@@ -50,6 +50,13 @@ def targets(kind, floor: Mapping[str, float] | None) -> list:
     return out + [b for m, b in bounds.items() if m not in {t.metric for t in kind.TARGETS}]
 
 
+def loosest(kind) -> list:
+    """The bounds no floor loosens (`targets` under any floor): a gate on a metric without floor slack, the
+    catastrophe bound of one with slack. Metrics that miss one of these miss the gates whatever the floor."""
+    slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
+    return [t for t in targets(kind, None) if t.metric not in slack] + \
+        [b for b in getattr(kind, "CATASTROPHE", ()) if b.metric in slack]
+
 
 class Unavailable(Exception):
     """This machine cannot compute the precision (the reason names what is missing)."""
@@ -274,15 +281,20 @@ def row_seconds(kind, fp32: Path, split: str = "validation") -> float:
     return (time.perf_counter() - t0) / max(rows, 1)
 
 
+def recorded(kind, fp32: Path, precision: str, splits: Sequence[str] = ("validation", "test")) -> dict | None:
+    """The floor the spec's floors file already holds for this graph (by `key`, else `source`), else None."""
+    file = record_path(kind)
+    held = json.loads(file.read_text()) if file is not None and file.exists() else {}
+    return _recorded(held, key(kind, fp32, precision, splits), source(kind, precision, splits))
+
+
 def estimate_s(kind, fp32: Path, precision: str, row_s: float, splits: Sequence[str] = ("validation", "test")
                ) -> float:
     """About how long measure() takes here: 0 where a recorded floor stands, else per split its FP32 reference
     (unless computed already) and one run at `precision` (PRECISION_COST), at `row_s` seconds a row (row_seconds)."""
     from tritonkit.int8.evaluate import reference_ready, row_count
 
-    file = record_path(kind)
-    recorded = json.loads(file.read_text()) if file is not None and file.exists() else {}
-    if _recorded(recorded, key(kind, fp32, precision, splits), source(kind, precision, splits)) is not None:
+    if recorded(kind, fp32, precision, splits) is not None:
         return 0.0
     total = 0.0
     for split in splits:

@@ -4,32 +4,85 @@ Takes the kind, its FP32 file and the form (and, for a replay, the floor recorde
 the half-precision floor (tritonkit.int8.floor) and, per split, the accuracy targets judged against it, plus the
 served form's speed gate. The search, the replay's judgement, the packed proof and the runtime choice all read the
 same record: a build measures the floor and sets the bounds once per form and hands them on.
+
+A floor only loosens the kind's absolute bounds (floor.targets) and never below its catastrophe bounds, so a build
+measures it only when a judgement needs it (`Gates.holds`): metrics that hold the absolute bounds pass under any
+floor, and metrics that miss a bound no floor loosens (`floor.loosest`) fail under any. A 6-layer MiniLM's build
+never needs its two floors (~144 s of half-precision passes on 2 cores). Until then the search ranks candidates by
+the absolute bounds (tritonkit.int8.search), and a record that never needed its floor says so (`NOT_NEEDED`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonkit.kinds.gates import Target
+from tritonkit.int8.scoring import passes, summary
+from tritonkit.kinds.gates import Target, missed
 
 SPLITS = ("validation", "test")
 # A strongly typed TensorRT network runs a Q/DQ graph's float nodes in FP32: at a quarter of INT8's tensor-core
 # rate and half FP16's, an INT8 plan beats the FP16 plan only with over 2/3 of its multiply-accumulates in INT8.
 MIN_TENSORRT_INT8_SHARE = 2 / 3
+# The floor record of gates whose floor no judgement needed (beside "unavailable": none could be measured).
+NOT_NEEDED = "not_needed"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Gates:
     form: str
-    floor: dict  # floor.measure's record: {"precision", "how", split: metrics} or {"precision", "unavailable"}
+    floor: dict  # floor.measure's record: {"precision", "how", split: metrics}, {"precision", "unavailable"} or
+    # {"precision", NOT_NEEDED: why} while it is deferred (and after, where no judgement needed it)
     targets: dict[str, list[Target]] = field(default_factory=dict)  # per split, the floor-judged bounds
     speed: Target | None = None  # INT8 against FP32 at the served batch sizes (served form only)
+    # The bounds no floor loosens (floor.loosest); a deferred floor's measurement, (floor, targets), until it runs.
+    loosest: list[Target] = field(default_factory=list, repr=False)
+    pending: Callable[[], tuple[dict, dict]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def measured(self) -> bool:
         return "test" in self.floor
+
+    @property
+    def deferred(self) -> bool:
+        return self.pending is not None
+
+    def resolve(self) -> None:
+        """Measure a deferred floor now; the bounds are judged against it from here on."""
+        if self.pending is not None:
+            self.floor, self.targets = self.pending()
+            self.pending = None
+
+    def decided(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> bool | None:
+        """Whether `metrics` hold `split`'s gates (with `margin`, scoring.passes) as far as the bounds known now
+        tell: None where only the deferred floor can say."""
+        if passes(self.targets[split], metrics, margin):
+            return True
+        if not self.deferred or not passes(self.loosest, metrics, margin):
+            return False
+        return None
+
+    def holds(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> bool:
+        """Whether `metrics` hold `split`'s gates (with `margin`), measuring the deferred floor where only it can
+        tell."""
+        verdict = self.decided(split, metrics, margin)
+        if verdict is None:
+            self.resolve()
+            verdict = passes(self.targets[split], metrics, margin)
+        return verdict
+
+    def missed(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> list[str]:
+        """What `metrics` miss of `split`'s gates with `margin` (empty: they hold; judged as `holds` judges)."""
+        return [] if self.holds(split, metrics, margin) else self.lines(split, metrics, margin)
+
+    def lines(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> list[str]:
+        """One line per gate of `split`, as known now, that `metrics` miss; else one for the `margin`, where only
+        it misses."""
+        lines = missed(self.targets[split], dict(metrics))
+        if lines or passes(self.targets[split], metrics, margin):
+            return lines
+        return [f"within the {margin} margin of a gate: {summary(self.targets[split], dict(metrics))}"]
 
     def rows(self, kind) -> list[dict]:
         """One report row per gate: the absolute bound, each split's floor-judged bound, then the speed gate."""
@@ -39,11 +92,17 @@ class Gates:
         return rows + ([asdict(self.speed)] if self.speed is not None else [])
 
 
-def _make(kind, form: str, floor: dict) -> Gates:
+def _targets(kind, floor: dict) -> dict[str, list[Target]]:
     from tritonkit.int8 import floor as floors
 
-    targets = {split: floors.targets(kind, floors.split_floor(floor, split)) for split in SPLITS}
-    return Gates(form, floor, targets, kind.SPEED_TARGET if form == "served" else None)
+    return {split: floors.targets(kind, floors.split_floor(floor, split)) for split in SPLITS}
+
+
+def _make(kind, form: str, floor: dict, pending: Callable[[], tuple[dict, dict]] | None = None) -> Gates:
+    from tritonkit.int8 import floor as floors
+
+    return Gates(form, floor, _targets(kind, floor), kind.SPEED_TARGET if form == "served" else None,
+                 floors.loosest(kind), pending)
 
 
 def absolute(kind, form: str, why: str = "not measured") -> Gates:
@@ -59,27 +118,48 @@ def of_floor(kind, form: str, floor: dict | None) -> Gates:
 
 
 def for_entry(kind, fp32: Path, form: str, entry: dict, log: Callable[[str], None] = print) -> Gates:
-    """The gates a recipe file's `entry` is judged by: its floor measured here (`for_form`); a fallback proves
-    nothing against a floor, so the one its search recorded stands (a budget-cut search has none)."""
+    """The gates a recipe file's `entry` is judged by: its floor measured here where a judgement needs it
+    (`for_form`); a fallback proves nothing against a floor, so the one its search recorded stands (a budget-cut
+    search has none)."""
     if entry.get("recipe") is not None:
         return for_form(kind, fp32, form, entry.get("floor"), log=log)
     return of_floor(kind, form, entry.get("floor") or None)
 
 
+def deferrable(kind) -> bool:
+    """Whether a build may wait for a judgement to need the floor: not where a gate sits at its metric's maximum
+    (an image kind's every-sure-photo-agrees gate), which nearly every INT8 graph misses, so the floor would be
+    measured at the first judgement anyway, inside the search's budget rather than before it, where
+    pipeline.form_cut counts it."""
+    return not any(t.op == ">=" and t.value >= 1.0 for t in kind.TARGETS)
 
-def for_form(kind, fp32: Path, form: str, recorded: dict | None = None, log: Callable[[str], None] = print) -> Gates:
+
+def for_form(kind, fp32: Path, form: str, recorded: dict | None = None, log: Callable[[str], None] = print,
+             defer: bool | None = None) -> Gates:
     """The gates of `form`, its floor measured on this machine (or found in the spec's floors file); where it cannot
     be measured here, the floor `recorded` with the recipe stands rather than absolute gates (the floor is the FP32
-    graph's, not this CPU's). Once per process and FP32 file."""
+    graph's, not this CPU's). Once per process and FP32 file. A floor the floors file does not hold is measured only
+    when a judgement needs it (`defer`, default `deferrable`)."""
     from tritonkit.int8 import floor as floors
 
-    half = floors.measure(kind, fp32, floors.PRECISION[form])
-    if "unavailable" in half and "test" in (recorded or {}):
-        log(f"{kind.NAME}: using the {recorded['precision']} floor recorded with the recipe ({half['unavailable']})")
-        half = {**recorded, "recorded": f"measured where the recipe was searched; here: {half['unavailable']}"}
-    if "unavailable" in half:
-        log(f"{kind.NAME}: no {half['precision']} floor for the {form} form: {half['unavailable']}; absolute gates")
-    else:
-        log(f"{kind.NAME}: {form} form's {half['precision']} floor (test split): "
-            + ", ".join(f"{t.metric} {half['test'].get(t.metric, float('nan')):.4f}" for t in kind.TARGETS))
-    return _make(kind, form, half)
+    precision = floors.PRECISION[form]
+
+    def measure() -> tuple[dict, dict]:
+        half = floors.measure(kind, fp32, precision)
+        if "unavailable" in half and "test" in (recorded or {}):
+            log(f"{kind.NAME}: using the {recorded['precision']} floor recorded with the recipe "
+                f"({half['unavailable']})")
+            half = {**recorded, "recorded": f"measured where the recipe was searched; here: {half['unavailable']}"}
+        if "unavailable" in half:
+            log(f"{kind.NAME}: no {precision} floor for the {form} form: {half['unavailable']}; absolute gates")
+        else:
+            log(f"{kind.NAME}: {form} form's {precision} floor (test split): "
+                + ", ".join(f"{t.metric} {half['test'].get(t.metric, float('nan')):.4f}" for t in kind.TARGETS))
+        return half, _targets(kind, half)
+
+    if (deferrable(kind) if defer is None else defer) and floors.recorded(kind, fp32, precision) is None:
+        why = ("not needed: every judgement was decided by the absolute bounds (met, which no floor tightens, or "
+               "a bound no floor loosens missed)")
+        return _make(kind, form, {"precision": precision, NOT_NEEDED: why}, measure)
+    floor, _ = measure()
+    return _make(kind, form, floor)

@@ -10,6 +10,8 @@ def _floor_lines(report: dict) -> list[str]:
     half = report.get("floor") or {}
     if "unavailable" in half:
         head = [f"No {half.get('precision')} floor here ({half['unavailable']}): the absolute gates decide.", ""]
+    elif "not_needed" in half:
+        head = [f"The {half.get('precision')} floor was {half['not_needed']}.", ""]
     elif half:
         head = [f"Floor: the FP32 graph at {half['precision']} ({half.get('how')}), scored like INT8. A gate passes "
                 "within the kind's slack of the floor or at the absolute bound, whichever is looser, never below the "

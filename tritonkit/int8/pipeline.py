@@ -131,19 +131,20 @@ def _prove_here(kind, entry: dict, outcome: Outcome, variants: tuple[str, str]) 
 # -- the search (no recipe yet, or --search) ----------------------------------------------------------------------
 
 def form_cut(kind, fp32: Path, form: str, left_s: float, row_s: float) -> SearchResult | None:
-    """The result of a form the budget does not start (None where it fits): its half-precision floor (the FP32
-    references it needs, then a run at its precision; floor.estimate_s) and its first start (START_PASSES) would
-    take more than the `left_s` seconds it has, at `row_s` seconds an FP32 row (floor.row_seconds). Estimated rather
-    than cut midway: a floor measured in part is lost."""
+    """The result of a form the budget does not start (None where it fits): its first start (START_PASSES) and, where
+    the gates measure it up front (gates.deferrable), its half-precision floor (the FP32 references it needs, then a
+    run at its precision; floor.estimate_s) would take more than the `left_s` seconds it has, at `row_s` seconds an
+    FP32 row (floor.row_seconds). Estimated rather than cut midway: a floor measured in part is lost."""
     from tritonkit.int8 import floor
     from tritonkit.int8.evaluate import row_count
 
     precision = floor.PRECISION[form]
-    floor_s = floor.estimate_s(kind, fp32, precision, row_s)
+    floor_s = 0.0 if gates.deferrable(kind) else floor.estimate_s(kind, fp32, precision, row_s)
     start_s = START_PASSES * row_s * row_count(kind.eval_batches("validation"))
     if floor_s + start_s <= left_s:
         return None
-    what = f"its {precision} floor (about {floor_s:.0f} s) and first start (about {start_s:.0f} s)"
+    what = (f"its {precision} floor (about {floor_s:.0f} s) and " if floor_s else "its ") + \
+        f"first start (about {start_s:.0f} s)"
     reason = (f"the budget cut the {form} search before it started: {what} would not fit in the {left_s:.0f} s "
               f"it had; search it with `make int8-search MODEL={kind.NAME} FORM={form} MINUTES=<m>`")
     cut = {"stage": "form", "what": what, "estimate_s": round(floor_s + start_s, 1), "left_s": round(left_s, 1),

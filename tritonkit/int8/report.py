@@ -84,6 +84,8 @@ def floor_summary(name: str) -> str:
         cells.append(cell)
     if "test" in half:
         where = f"beside the {half['precision']} floor"
+    elif "not_needed" in half:
+        where = f"absolute gates (the {half['precision']} floor {half['not_needed']})"
     else:
         where = f"absolute gates ({half.get('unavailable') or 'a report from before floors: rebuild'})"
     if report.get("status") == FALLBACK:

@@ -44,7 +44,7 @@ from tritonkit.int8.scoring import summary as _summary
 from tritonkit.int8.speed import describe as _speed
 from tritonkit.int8.speed import speedup
 from tritonkit.int8.units import families, group_units, quantizable_nodes
-from tritonkit.kinds.gates import Target, missed
+from tritonkit.kinds.gates import Target
 from tritonkit.serving.runtimes import DEFAULT
 
 # A track's knob variants (Search.variants), which a kind's SEARCH_PRIOR may name besides form and placement.
@@ -57,7 +57,6 @@ class Track:
 
     recipe: Recipe
     metrics: dict[str, float]
-    distortion: float
     scored_on: Evaluator | None = None  # the sample its start was measured on (replaced between tracks)
 
 
@@ -73,7 +72,6 @@ class Search(Planner, Fallbacks):
         self.spec, self.fp32, self.forms = spec, Path(fp32), list(forms)
         # The gates of each split, judged against the FP32 graph's half-precision floor there (tritonkit.int8.gates).
         self.gates = gates or of_floor(spec, "served" if check_speed else "tensorrt", None)
-        self.floor, self.targets = self.gates.floor, self.gates.targets
         self.form = "/".join(self.forms)
         self.check_speed, self.margin, self.max_units, self.max_tracks = check_speed, margin, max_units, max_tracks
         self.speed_variants = speed_variants  # (FP32's, INT8's) serving variants: the speed gate times on them
@@ -86,8 +84,6 @@ class Search(Planner, Fallbacks):
         self.budget = budget or Budget()  # past its deadline the search stops adding work and reports what it has
         self.budget_s = max(self.budget.left(), 1e-6) if self.budget.bounded else None  # left at the start (run)
         self._deadline = self.budget.deadline if self.budget.bounded else float("inf")
-        # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
-        self.rank_targets = [*self.targets["validation"], *getattr(spec, "PROXY_TARGETS", [])]
         self.steps: list[Step] = []
         self.sensitivity: list[dict] = []
         self.cuts: list[dict] = []
@@ -114,6 +110,57 @@ class Search(Planner, Fallbacks):
         self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
         self.probed = probed or ProbeTimings({})  # what the speed probe timed (speed_probe fills its own)
         self._ceiling_timed: dict[str, float] | None = None  # speed_ceiling's last timings
+        self._row_s: float | None = None  # FP32 seconds a row (floor.row_seconds), where a deferred floor is priced
+
+    @property
+    def targets(self) -> dict[str, list[Target]]:
+        """Per split, the bounds known now: the absolute ones while the floor waits for a judgement to need it."""
+        return self.gates.targets
+
+    @property
+    def rank_targets(self) -> list[Target]:
+        # Gates decide; proxies (continuous, e.g. KL) only help rank candidates whose gates move in steps.
+        return [*self.targets["validation"], *getattr(self.spec, "PROXY_TARGETS", [])]
+
+    def rank(self, metrics: dict[str, float]) -> float:
+        """A candidate's distortion against the bounds known now (lower ranks first)."""
+        return distortion(self.rank_targets, metrics) if metrics else float("inf")
+
+    def holds(self, split: str, metrics: dict[str, float], stage: str, margin: float | None = None) -> bool:
+        """Whether `metrics` hold `split`'s gates with `margin` (default the search's); where only the deferred floor
+        can tell (tritonkit.int8.gates), it is measured first, as a part of `stage` (a candidate's confirmation,
+        timing and test may use the reserve), if the budget has its time; else the absolute bounds judge."""
+        margin = self.margin if margin is None else margin
+        verdict = self.gates.decided(split, metrics, margin)
+        if verdict is None:
+            self.need_floor(f"a {stage} judgement between the absolute and the loosest bounds", stage)
+            verdict = self.gates.decided(split, metrics, margin)
+        return bool(verdict)  # still undecided: the floor did not fit, and the absolute bounds missed
+
+    def need_floor(self, why: str, stage: str = "rank") -> None:
+        """Measure the deferred floor now (`why`: what needs it) where it fits the budget (planned as a part of
+        `stage`; one that only ranks candidates goes on by the absolute bounds where it does not fit), and judge and
+        rank the steps so far against it, as if it had been measured first."""
+        if not self.gates.deferred:
+            return
+        from tritonkit.int8 import floor
+
+        precision = self.gates.floor.get("precision", "")
+        estimate = None
+        if self.budget_s is not None:
+            self._row_s = self._row_s or floor.row_seconds(self.spec, self.fp32)
+            estimate = floor.estimate_s(self.spec, self.fp32, precision, self._row_s)
+        if not self.fits(f"{stage}:floor", f"the {precision} floor ({why})", estimate,
+                         ahead=0.0 if stage == "rank" else None):
+            return
+        self.log(f"  measuring the {precision} floor: {why}")
+        t0 = time.perf_counter()
+        self.gates.resolve()
+        self._took("floor", time.perf_counter() - t0)
+        for step in self.steps:
+            if step.metrics:
+                step.distortion = self.rank(step.metrics)
+                step.passed = passes(self.targets["validation"], step.metrics, self.margin)
 
     # cached pieces: prepare once per transform set, calibrate once per (transforms, method)
     def build(self, r: Recipe):
@@ -141,11 +188,12 @@ class Search(Planner, Fallbacks):
 
     def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
                 evaluator: Evaluator | None = None, must: bool = False, ahead: float | None = None,
-                drop_under: float | None = None) -> Step | None:
+                drop_under: float | None = None, decides: bool = True) -> Step | None:
         """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph or
         the budget does not start it. `must`: run whatever the budget (a search's first start); `ahead`: an
         optional step, skipped alone unless it leaves that many seconds (Search.fits); `drop_under`: timed first,
-        a candidate under that speed-up is not scored (its step has no metrics)."""
+        a candidate under that speed-up is not scored (its step has no metrics); `decides`: its pass decides what
+        the search does next (a start's or knob variant's is only ranked, so it never needs the floor)."""
         from tritonkit.errors import QuantizationError
 
         kind = f"{stage}:{'sample' if evaluator is not None else 'split'}"
@@ -181,9 +229,10 @@ class Search(Planner, Fallbacks):
         metrics = (evaluator or self.val).metrics(model, exact=self.exact)
         if evaluator is None:
             self._split_metrics[_key(r)] = metrics
-        step = Step(stage, change, r.describe(), metrics, distortion(self.rank_targets, metrics),
-                    passes(self.targets["validation"], metrics, self.margin), sp, round(time.perf_counter() - t0, 3),
-                    *started)
+        held = self.holds("validation", metrics, stage) if decides else \
+            bool(self.gates.decided("validation", metrics, self.margin))
+        step = Step(stage, change, r.describe(), metrics, self.rank(metrics), held, sp,
+                    round(time.perf_counter() - t0, 3), *started)
         self.steps.append(step)
         # A step's own cost, without the preparing and calibrating of a new graph it triggered (timed apart).
         self._took(kind, time.perf_counter() - t0 - (self.builder.setup_s - setup))
@@ -231,7 +280,7 @@ class Search(Planner, Fallbacks):
             step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
                                 evaluator=self.sample, must=not tracks and not self._judged,
                                 ahead=self._after_start(tracks[0].recipe) if viable else None,
-                                drop_under=self.early_speed)
+                                drop_under=self.early_speed, decides=False)
             if step is None:
                 continue
             if step.speedup is not None and (self._fastest is None or step.speedup > self._fastest[1]):
@@ -239,16 +288,27 @@ class Search(Planner, Fallbacks):
             if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
                 self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
                 continue
-            tracks.append(Track(r, step.metrics, step.distortion, self.sample))
+            tracks.append(Track(r, step.metrics, self.sample))
             slow[r.describe()] = self.check_speed and step.speedup is not None and \
                 step.speedup < self.spec.SPEED_TARGET.value
         self._plan("start:sample", 0)
+        self._slow = slow
+        order = self.track_order(tracks)
+        if len(order) > 1 and self._track_key(order[0])[:2] == self._track_key(order[1])[:2]:
+            self.need_floor("the starts tie but for their distortion")  # which is first is a decision
+            order = self.track_order(tracks)
+        return order[: self.max_tracks]
+
+    def _track_key(self, t: Track) -> tuple:
         # Units put back in float only slow a graph down: a start already under the speed gate goes last, whatever
         # its accuracy (Lite0's uint8/inputs start ran 1.07x and took a whole budget; uint8/all ran 1.89x).
         # Then the kind's prior (what won on its shipped models), then the lowest distortion.
-        tracks.sort(key=lambda t: (slow[t.recipe.describe()], self._prior_misses(t.recipe, ("form", "placement")),
-                                   t.distortion))
-        return tracks[: self.max_tracks]
+        return (self._slow.get(t.recipe.describe(), False), self._prior_misses(t.recipe, ("form", "placement")),
+                self.rank(t.metrics))
+
+    def track_order(self, tracks: Sequence[Track]) -> list[Track]:
+        """`tracks`, best first, against the bounds known now."""
+        return sorted(tracks, key=self._track_key)
 
     def committed_first(self) -> tuple[Recipe, dict] | None:
         """The committed candidate (the recipe, or the accurate candidate a speed gate rejected) judged before any
@@ -283,13 +343,15 @@ class Search(Planner, Fallbacks):
         named |= {n for p in patterns if not p.startswith("family:") for n in nodes if re.search(p, n)}
         return [n for n in nodes if n in named]
 
-    def prior_variants(self, scored: Sequence[Recipe]) -> list[Recipe]:
-        """The variants the prior float nodes go on, in turn, of a track's `scored` ones (best first): the prior's own
-        knobs, where measured, then the best. An all-INT8 score does not rank variants for a recipe whose worst units
-        stay float: on all-MiniLM-L6-v2 itself (a new model's build, no bf16) the plain variant scored best at full
-        INT8 and missed with the prior float nodes (cosine min 0.9836), where the shipped recipe is smoothing's."""
+    def prior_variant(self, scored: Sequence[Recipe], tried: Sequence[Recipe]) -> Recipe | None:
+        """The next variant the prior float nodes go on, of a track's `scored` ones (best first, ranked when asked:
+        trying one may have measured the floor), after those `tried`: the prior's own knobs, where measured, then the
+        best; None after both. An all-INT8 score does not rank variants for a recipe whose worst units stay float: on
+        all-MiniLM-L6-v2 itself (a new model's build, no bf16) the plain variant scored best at full INT8 and missed
+        with the prior float nodes (cosine min 0.9836), where the shipped recipe is smoothing's."""
         prior = [v for v in scored if self._priors_knobs(v)][:1]
-        return prior + [v for v in scored[:1] if v not in prior]
+        order = prior + [v for v in scored[:1] if v not in prior]
+        return next((v for v in order if v not in tried), None) if len(tried) < len(order) else None
 
     def prior_float(self, variant: Recipe) -> tuple[Recipe, dict] | None:
         """`variant` with the kind's prior float nodes (SEARCH_PRIOR_FLOAT: what its shipped models kept float),
@@ -341,8 +403,11 @@ class Search(Planner, Fallbacks):
         variant = self.speed_variants[1]
         if variant == DEFAULT:
             return variant
-        metrics, problems = self.val.served_problems(self.build(r), variant, self.targets["validation"],
-                                                     self.spec.SERVE_THREADS, self.margin, self.exact)
+        def missed(metrics: dict[str, float]) -> list[str]:
+            return [] if self.holds("validation", metrics, "speed") else self.gates.lines("validation", metrics,
+                                                                                          self.margin)
+        metrics, problems = self.val.served_problems(self.build(r), variant, missed, self.spec.SERVE_THREADS,
+                                                     self.exact)
         if not problems:
             self.log(f"  {r.describe()} holds run as {variant}: {_summary(self.targets['validation'], metrics)}")
             return variant
@@ -530,7 +595,8 @@ class Search(Planner, Fallbacks):
         if ceiling is not None:
             accurate = self._held_out(*max(slow, key=lambda rs: rs[1].get("int8_speedup", 0.0))) if slow else None
             return self._result(None, {}, {}, ceiling[1], failed, t0, ceiling[0], accurate=accurate)
-        for i, track in enumerate(tracks):
+        for i in range(len(tracks)):
+            track = tracks[i]
             # The first track always reports; another starts only with time left beyond the reserve.
             if i and not self.fits("track", track.recipe.describe()):
                 self.log(f"  budget spent: track {track.recipe.describe()} not searched")
@@ -544,29 +610,35 @@ class Search(Planner, Fallbacks):
                 if self._stopped:
                     break
                 if variant == track.recipe and track.scored_on is self.sample:  # measured at the start
-                    scored.append((track.distortion, name, variant))
+                    scored.append((track.metrics, name, variant))
                     continue
                 # Variants are options: one that does not fit is skipped alone, and any but the prior's must leave
                 # the rest of the track its time.
-                step = self.measure("variant", name, variant, evaluator=self.sample,
+                step = self.measure("variant", name, variant, evaluator=self.sample, decides=False,
                                     ahead=0.0 if self._priors_knobs(variant) else self._after_variants())
                 if step is not None:
-                    scored.append((step.distortion, name, variant))
-            scored.sort(key=lambda v: v[0])
+                    scored.append((step.metrics, name, variant))
+            scored.sort(key=lambda v: self.rank(v[0]))
             if scored:
                 self._plan_track(scored[0][2], 0, len(scored))
             # What won on the kind's shipped models, before a scan the budget may not reach; it caps the fallbacks.
-            found = None
-            for variant in self.prior_variants([v for _, _, v in scored]):
-                found = self.prior_float(variant)
-                if found is not None:
+            found, tried = None, []
+            while found is None:
+                scored.sort(key=lambda v: self.rank(v[0]))  # the last try may have measured the floor
+                variant = self.prior_variant([v for _, _, v in scored], tried)
+                if variant is None:
                     break
+                tried.append(variant)
+                found = self.prior_float(variant)
             if found is not None and (not self.check_speed or self.spec.SPEED_TARGET.met(found[1])):
                 # The scan and fallback would only look for fewer float nodes than the kind's shipped models kept:
                 # a passing prior ends the search (a 6-layer MiniLM cut: 43 s of fallbacks found nothing shorter).
                 self.log(f"  prior {found[0].describe()} holds every gate: the search ends with it (no scan)")
                 self._sort_by_speed(ok, slow, failed, [found])
                 break
+            # The scan ranks units by their distance to the gates, and the fallbacks judge: by the floor's bounds.
+            self.need_floor("the sensitivity scan ranks by the gates")
+            scored.sort(key=lambda v: self.rank(v[0]))
             # The sample also carries the whole split's worst rows, which decide worst-case gates.
             # It must leave a scan of one unit and its fallback.
             if scored and self.fits("resample", "the whole split's worst rows", self.estimate("resample"),
@@ -578,7 +650,7 @@ class Search(Planner, Fallbacks):
                 self.log(f"  sample: every {self.sample_stride}th batch + the {sum(map(len, hard.values()))} worst "
                          "rows of the split")
                 self._log_eta("sensitivity")
-            ranked = self.rank_units(Track(scored[0][2], {}, scored[0][0])) if scored else []
+            ranked = self.rank_units(Track(scored[0][2], scored[0][0])) if scored else []
             self._log_eta("fallback")
             finals = [found] if found is not None else []
             wall = None  # float nodes at this track's first wall: its variants share its speed, so stay under it
@@ -605,6 +677,7 @@ class Search(Planner, Fallbacks):
             self._sort_by_speed(ok, slow, failed, finals)
             if ok:  # tracks run best first: the first that passes ends the search
                 break
+            tracks[i + 1:] = self.track_order(tracks[i + 1:])  # against the floor, where this track measured it
         if not ok:
             why, accurate = "no candidate met the accuracy and speed gates", None
             if slow:  # the accuracy gates held, at a price in float nodes the speed gate does not allow
@@ -641,7 +714,7 @@ class Search(Planner, Fallbacks):
             if ok_test:
                 failed[:0] = misses
                 return self._result(recipe, validation, test, speed, failed, t0, "", chosen=recipe)
-            missing = "; ".join(missed(self.targets["test"], test))
+            missing = "; ".join(self.gates.lines("test", test))  # as _on_test judged it
             misses.append({"recipe": recipe.describe(), "test": test, "accuracy": f"test split: {missing}"})
             why.append(f"{recipe.describe()}: {missing}")
         failed[:0] = misses[1:]  # the first look's miss is the result's own (chosen, test)
@@ -665,7 +738,7 @@ class Search(Planner, Fallbacks):
         t1 = time.perf_counter()
         test = Evaluator(self.spec, self.fp32, "test").metrics(model, exact=self.exact)
         self._took("test", time.perf_counter() - t1)
-        return test, passes(self.targets["test"], test)
+        return test, self.holds("test", test, "test", 0.0)
 
     def _held_out(self, r: Recipe, speed: dict[str, float]) -> dict | None:
         """The accurate candidate kept for CPUs that cannot run the FP32 competitor it lost to, once the test split

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache, cached_property
 from pathlib import Path
 from typing import ClassVar
@@ -243,22 +243,22 @@ class TextEmbedding(Kind):
 
         return self.spec.facts.pooling in packing.POOLINGS
 
-    def write_packed(self, model_path: Path, fp32: Path | None = None, targets: Sequence[Target] = (),
+    def write_packed(self, model_path: Path, fp32: Path | None = None,
+                     judge: Callable[[dict[str, float]], list[str]] | None = None,
                      reference: np.ndarray | None = None) -> Path:
         """model.packed.onnx beside `model_path` (tritonkit.serving.packing), installed only once it is proven.
 
         A float graph must reproduce the padded graph's embeddings of mixed-length validation texts within the
         export tolerance. An INT8 graph cannot: a text's softmax sums its row in another order when other texts
         share the row, and a last-bit change can move a probability to the next uint8 level (measured on MiniLM:
-        1 - cosine up to 6e-4 against the padded graph). So with `fp32` given, the packed INT8 graph must meet
-        `targets` (the spec's accuracy gates judged against its half-precision floor, tritonkit.int8.floor.targets)
-        against that FP32 graph on the test split, packed in arrival order as served; `reference`: that graph's
-        outputs over `eval_batches("test")` where the caller has them.
+        1 - cosine up to 6e-4 against the padded graph). So with `fp32` given, the packed INT8 graph's metrics
+        against that FP32 graph on the test split, packed in arrival order as served, must pass `judge` (the lines
+        it returns are what they miss: the INT8 build's test-split gates, tritonkit.int8.gates); `reference`: that
+        graph's outputs over `eval_batches("test")` where the caller has them.
         """
         import onnx
 
         from tritonkit.errors import PackingError
-        from tritonkit.kinds.gates import missed
         from tritonkit.serving import packing
 
         f = self.spec.facts
@@ -278,7 +278,9 @@ class TextEmbedding(Kind):
             ref = self.embed_onnx(self.session(fp32), texts) if reference is None else \
                 self.arrival_order(reference, texts)
             metrics = self.gate_metrics(ref, self.embed_packed(self.session(tmp), texts))
-            problem = "; ".join(missed(targets, metrics))
+            if judge is None:
+                raise ValueError("judge: an INT8 graph's packed form needs its gates")
+            problem = "; ".join(judge(metrics))
         if problem:
             tmp.unlink()
             raise PackingError(f"{out.name}: {problem}")

@@ -409,11 +409,11 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     if any(r < ROUNDS for r in rounds.values()):
         record["rounds"] = rounds
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
-    # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.floor). A floor only loosens the absolute
+    # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.gates). A floor only loosens the absolute
     # gates, so it is measured only for a variant that misses them (MPNet's: ~9 min on 2 cores, where the search
     # ended before its floor).
     if gated:
-        targets = gates.targets["test"] if gates is not None else floor.targets(kind, None)
+        gates = gates or int8_gates.for_form(kind, fp32, "served", defer=True)
     else:
         text = hasattr(kind, "DIM")
         targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
@@ -434,18 +434,16 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
                 break
         metrics = accuracy(kind, file, fp32, variant, threads, batches)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
-        problems = missed(targets, metrics)
-        if problems and gated and gates is None:  # the floor may loosen what it missed
-            if deadline is not None:
-                need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], row_s)
-                left = deadline - time.perf_counter()
-                if need > left:
-                    record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x misses the absolute gates; its bf16 "
-                                            f"floor (about {need:.0f} s) not measured: {max(left, 0.0):.0f} s of "
-                                            "the build's budget left")
-                    reasons.append(record["budget_cut"])
-                    break
-            problems = missed(int8_gates.for_form(kind, fp32, "served").targets["test"], metrics)
+        if gated and deadline is not None and gates.decided("test", metrics) is None:  # only the floor can tell
+            need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], row_s)
+            left = deadline - time.perf_counter()
+            if need > left:
+                record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x misses the absolute gates; its bf16 "
+                                        f"floor (about {need:.0f} s) not measured: {max(left, 0.0):.0f} s of "
+                                        "the build's budget left")
+                reasons.append(record["budget_cut"])
+                break
+        problems = gates.missed("test", metrics) if gated else missed(targets, metrics)
         if gated and not envinfo.int8_sums_exact() and VARIANTS[variant][0] != DEFAULT:
             # ONNX Runtime takes the exact path on this class (backend_utils.EXACT_INT8_ENTRY); another runtime
             # must show it computes the same, since the recipe was proven in exact arithmetic.
