@@ -1377,6 +1377,22 @@ def test_a_form_whose_first_start_and_up_front_floor_would_not_fit_is_not_search
     assert floor.row_seconds(spec, fresh) > 0.0
 
 
+@pytest.mark.parametrize("left, searched, fraction", [(600.0, True, 2 / 3), (400.0, True, 1.0), (300.0, False, 2 / 3)])
+def test_the_served_form_takes_the_tensorrt_forms_share_where_only_the_whole_budget_fits_its_first_start(
+        tiny, left, searched, fraction):
+    """The served form serves every CPU replica: a first start that fits the search's budget but not the served
+    form's two thirds of it still starts, with the whole budget; the TensorRT form gets what is left."""
+    path, _ = tiny
+    spec = TinySpec()
+    # At 1 s a row the first start takes 332.8 s: within 2/3 of 600 s, within 400 s but not 2/3 of it, not in 300 s.
+    assert START_PASSES * sum(len(b["x"]) for b in spec.eval_batches("validation")) == pytest.approx(332.8)
+    cut, got = pipeline.form_share(spec, path, "served", left, 2 / 3, row_s=1.0)
+    assert (cut is None) is searched and got == pytest.approx(fraction)
+    assert pipeline.form_share(spec, path, "tensorrt", 400.0, 1.0, row_s=1.0) == (None, 1.0)
+    cut, got = pipeline.form_share(spec, path, "tensorrt", 300.0, 1.0, row_s=1.0)
+    assert cut is not None and got == 1.0
+
+
 @pytest.mark.parametrize("gate, decided", [(100.0, True), (0.01, False)])
 def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_floor(tiny, gate, decided):
     """Before the served form's floor or any calibration pass, every start is built from two calibration batches

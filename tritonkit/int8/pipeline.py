@@ -2,7 +2,7 @@
 
     recipe file ──load──▶ entries (this CPU class's own, or a donor's)      tritonkit.int8.recipe
     (no recipe, or --search: Gates + Budget ──search──▶ SearchResult ──▶ recipe file + Judgement)   this module
-    per form:  FP32 file ──gates──▶ Gates (floor + bounds, once)         tritonkit.int8.gates
+    per form:  FP32 file ──gates──▶ Gates (bounds; the floor once, if needed)  tritonkit.int8.gates
                entry + Gates ──build──▶ graph ──judge──▶ Judgement      tritonkit.int8.builder, .judge
                Judgement ──decide──▶ Outcome + report                   tritonkit.int8.decide, .report
 
@@ -152,6 +152,19 @@ def form_cut(kind, fp32: Path, form: str, left_s: float, row_s: float) -> Search
     return SearchResult("/".join(FORMS[form]), None, {}, {}, {}, [], [], [], 0.0, False, reason, [cut])
 
 
+def form_share(kind, fp32: Path, form: str, left_s: float, fraction: float, row_s: float
+               ) -> tuple[SearchResult | None, float]:
+    """(form_cut's result on the form's `fraction` of the `left_s` seconds of the search's budget, the fraction it
+    searches with). The served form serves every CPU replica: where its first start fits the whole budget but not
+    its share, it takes the TensorRT form's share too (`make int8-search FORM=tensorrt` searches that one alone)."""
+    cut = form_cut(kind, fp32, form, left_s * fraction, row_s)
+    if cut is None or form != "served" or fraction >= 1.0 or form_cut(kind, fp32, form, left_s, row_s) is not None:
+        return cut, fraction
+    _log(f"{kind.NAME}: the served form's first start does not fit its {fraction:.0%} share of the search budget: "
+         "it takes the TensorRT form's too")
+    return None, 1.0
+
+
 def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: tuple[str, str], progress: bool
                 ) -> tuple[SearchResult | None, ProbeTimings]:
     """The served form's result where no INT8 graph can meet its speed gate (Search.speed_probe), before its floor
@@ -214,16 +227,16 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             result, probed = None, None
             if form == "served" and candidate is None:  # a committed candidate is judged first instead
                 result, probed = speed_probe(kind, fp32, forms, workspace, speed_variants, progress)
-            share = budget.share(SERVED_SHARE) if form == "served" and both else budget
-            if result is None and share.bounded:
+            fraction = SERVED_SHARE if form == "served" and both else 1.0
+            if result is None and budget.bounded:
                 row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32)
-                result = form_cut(kind, fp32, form, max(share.left(), 1.0), row_s)
+                result, fraction = form_share(kind, fp32, form, max(budget.left(), 1.0), fraction, row_s)
             if result is not None:
                 form_gates = gates.absolute(kind, form, f"not measured: {result.reason}")
                 _log(f"{kind.NAME}: {result.reason}")
             else:
                 form_gates = gates.for_form(kind, fp32, form, log=_log)
-                share = budget.share(SERVED_SHARE) if form == "served" and both else budget  # after the floor
+                share = budget.share(fraction)  # after an up-front floor
                 searcher = Search(kind, fp32, forms, check_speed=form == "served", budget=share, progress=progress,
                                   log=_log, workspace=workspace, exact=exact, gates=form_gates,
                                   speed_variants=speed_variants, committed=candidate, probed=probed)
