@@ -116,6 +116,20 @@ def test_add_writes_a_spec_that_generates_a_full_pipeline(st_dir, tmp_path):
         add.add(add.text_spec("tiny_cls", str(st_dir), 32), directory=tmp_path)
 
 
+def test_a_spec_with_newlines_quotes_and_control_characters_in_a_path_reads_back_as_written(st_dir, tmp_path):
+    """A source directory may be named anything a file system allows: the spec `add` writes is TOML that tomllib
+    reads back to the same table (hand-written TOML left a raw newline in a string: a spec nobody could load)."""
+    import shutil
+    import tomllib
+
+    odd = tmp_path / 'enc "odd"\n\tname\x7f \\ here'
+    shutil.copytree(st_dir, odd)
+    table = add.text_spec("odd_dir", str(odd), 32)
+    assert tomllib.loads(specs.dump(table)) == table
+    path = add.add(table, directory=tmp_path / "specs")
+    assert specs.load(path).source.path() == odd
+
+
 def test_image_add_checks_the_loader_and_labels(tmp_path):
     loader = classifier_loader(tmp_path / "src")
     table = add.image_spec("tiny_img", loader, {}, 96, None, [127.0] * 3, [128.0] * 3,

@@ -208,3 +208,21 @@ def test_failed_reload_is_retried_with_backoff_while_other_crashes_are_handled(w
     _wait(lambda: server.watchdog_counts[("flaky", "reloaded")] == 1, 90, "flaky recovered", server)
     assert _echo(server.http_url, 7.0, model="flaky") == 7.0
     assert "next try in" in server.log_tail(100_000)
+
+
+def test_stopping_the_server_closes_its_watchdog_metrics_port(watched):
+    """The counters' listener belongs to the stub watchdog: the server's stop frees its port, not the process exit."""
+    import socket
+    import urllib.error
+
+    server, _, url = watched
+    with urllib.request.urlopen(url, timeout=5) as r:
+        assert r.status == 200 and b"tritonkit_watchdog_actions_total" in r.read()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    server.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=5)
+    with socket.socket() as s:  # no listener left: a restarted server can take it (as http.server binds: reuse)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()

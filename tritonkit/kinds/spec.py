@@ -260,27 +260,7 @@ def discover(directory: Path = SPECS_DIR) -> dict[str, Path]:
 
 
 def dump(spec_data: dict) -> str:
-    """TOML text of a spec table (the subset of TOML specs use: tables of scalars, lists and inline tables)."""
-    lines: list[str] = []
-    scalars = {k: v for k, v in spec_data.items() if not isinstance(v, dict)}
-    for k, v in scalars.items():
-        lines.append(f"{k} = {_toml(v)}")
-    for table, values in spec_data.items():
-        if isinstance(values, dict) and values:
-            lines += ["", f"[{table}]"]
-            lines += [f"{k} = {_toml(v)}" for k, v in values.items()]
-    return "\n".join(lines) + "\n"
+    """TOML text of a spec table, which `parse` reads back unchanged (tomli-w escapes what TOML requires)."""
+    import tomli_w
 
-
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+    return tomli_w.dumps(spec_data)

@@ -330,10 +330,8 @@ class TritonServer:
         # Stubs normally exit with the server; a crashed server can leave them, so clear the group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        if getattr(self, "_metrics_httpd", None):
-            self._metrics_httpd.shutdown()
-            self._metrics_httpd.server_close()
-            self._metrics_httpd = None
+        if getattr(self, "watchdog", None) is not None:  # its counters' port closes with the server
+            self.watchdog.close_metrics()
         if getattr(self, "_log", None):
             self._log.close()
         view, self._view = getattr(self, "_view", None), None

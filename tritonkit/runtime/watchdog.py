@@ -129,6 +129,7 @@ class StubWatchdog:
         self.counts: collections.Counter = collections.Counter()
         self._reloads = 0
         self._thread: threading.Thread | None = None
+        self._metrics_httpd: http.server.ThreadingHTTPServer | None = None
 
     @property
     def watching(self) -> bool:
@@ -262,5 +263,13 @@ class StubWatchdog:
 
         httpd = http.server.ThreadingHTTPServer((host or self.server.host, port), Handler)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.close_metrics()  # one listener per watchdog: a second call replaces the first
         self._metrics_httpd = httpd
         return httpd.server_address[1]
+
+    def close_metrics(self) -> None:
+        """Stop serving the counters and free the port (the server's stop calls it)."""
+        httpd, self._metrics_httpd = self._metrics_httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
