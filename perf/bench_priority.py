@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data
 from tritonkit.perf.analyzer import save_results
+from tritonkit.perf.load import percentile
 from tritonkit.repository import variants as rv
 from tritonkit.runtime.server import TritonServer
 
@@ -164,8 +165,8 @@ def run_scenario(url: str, path: str, bulk: bool, args, bulk_texts: list[str], s
     }
 
 
-def _pct(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))] if sorted_ms else float("nan")
+def _pct(ms: list[float], q: float) -> float:
+    return percentile(ms, q * 100)
 
 
 def median_of(runs: list[dict]) -> dict:

@@ -285,16 +285,17 @@ def time_in_process(
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    lat_ms = sorted(x * 1e3 for x in latencies)
-    pct = lambda q: lat_ms[min(len(lat_ms) - 1, int(q * len(lat_ms)))]  # noqa: E731
+    from tritonkit.perf.load import percentile  # the lab's one formula (nearest rank)
+
+    lat_ms = [x * 1e3 for x in latencies]
     return PerfPoint(
         label=label,
         concurrency=concurrency,
         throughput=len(latencies) * items_per_call / elapsed,
-        p50_ms=pct(0.50),
-        p99_ms=pct(0.99),
-        p90_ms=pct(0.90),
-        p95_ms=pct(0.95),
+        p50_ms=percentile(lat_ms, 50),
+        p99_ms=percentile(lat_ms, 99),
+        p90_ms=percentile(lat_ms, 90),
+        p95_ms=percentile(lat_ms, 95),
         avg_ms=statistics.fmean(lat_ms),
     )
 
