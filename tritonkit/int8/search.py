@@ -58,6 +58,7 @@ class Track:
     recipe: Recipe
     metrics: dict[str, float]
     scored_on: Evaluator | None = None  # the sample its start was measured on (replaced between tracks)
+    slow: bool = False  # its start timed under the speed gate already
 
 
 class Search(Planner, Fallbacks):
@@ -266,7 +267,7 @@ class Search(Planner, Fallbacks):
         starts = sorted((Recipe(form=f, placement=p) for f in self.forms for p in placements),
                         key=lambda r: self._prior_misses(r, ("form", "placement")))
         self._plan("start:sample", len(starts))
-        tracks, slow = [], {}
+        tracks: list[Track] = []
         for r in starts:
             form, placement = r.form, r.placement
             # Starting points are only ranked: the sample is enough (the whole split costs 3x on big encoders).
@@ -275,7 +276,7 @@ class Search(Planner, Fallbacks):
             # recipe.form_cut). A further start is an option that must leave the first track
             # its time where that track can meet the speed gate (on a large encoder the prior's track tells more
             # than three more starts).
-            viable = tracks and not slow[tracks[0].recipe.describe()]
+            viable = tracks and not tracks[0].slow
             # Timed before it is scored: a start too slow to keep is dropped without its accuracy.
             step = self.measure("start", f"form={form} placement={placement}", r, speed=True,
                                 evaluator=self.sample, must=not tracks and not self._judged,
@@ -288,11 +289,9 @@ class Search(Planner, Fallbacks):
             if self.check_speed and step.speedup is not None and step.speedup < self.early_speed:
                 self.log(f"  dropped {form}/{placement}: x{step.speedup:.2f} before any unit is put back in float")
                 continue
-            tracks.append(Track(r, step.metrics, self.sample))
-            slow[r.describe()] = self.check_speed and step.speedup is not None and \
-                step.speedup < self.spec.SPEED_TARGET.value
+            tracks.append(Track(r, step.metrics, self.sample, self.check_speed and step.speedup is not None and
+                                step.speedup < self.spec.SPEED_TARGET.value))
         self._plan("start:sample", 0)
-        self._slow = slow
         order = self.track_order(tracks)
         if len(order) > 1 and self._track_key(order[0])[:2] == self._track_key(order[1])[:2]:
             self.need_floor("the starts tie but for their distortion")  # which is first is a decision
@@ -303,8 +302,7 @@ class Search(Planner, Fallbacks):
         # Units put back in float only slow a graph down: a start already under the speed gate goes last, whatever
         # its accuracy (Lite0's uint8/inputs start ran 1.07x and took a whole budget; uint8/all ran 1.89x).
         # Then the kind's prior (what won on its shipped models), then the lowest distortion.
-        return (self._slow.get(t.recipe.describe(), False), self._prior_misses(t.recipe, ("form", "placement")),
-                self.rank(t.metrics))
+        return t.slow, self._prior_misses(t.recipe, ("form", "placement")), self.rank(t.metrics)
 
     def track_order(self, tracks: Sequence[Track]) -> list[Track]:
         """`tracks`, best first, against the bounds known now."""
