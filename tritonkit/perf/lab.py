@@ -679,9 +679,10 @@ def main(argv: list[str] | None = None) -> int:
 
 # CI gate: the served INT8 ensemble over the in-process INT8 ceiling of the same built model, measured in the same
 # run (a busy machine slows both sides). min_ratio = the measured median ratio minus the measured run-to-run
-# spread (perf/gate_noise.py; docs/performance.md, "CI perf gate"), never above the target (TARGET).
+# spread (perf/gate_noise.py; docs/performance.md, "CI perf gate"), never above the target (TARGET); the lowest over
+# the CPU classes measured, since a class changes what the ensemble serves (image: INT8 on VNNI, FP32 on AVX2).
 TARGET = 1.0  # served at least as fast as the same model called in-process
-GATE = {"text": {"concurrency": 16, "min_ratio": 0.36}, "image": {"concurrency": 8, "min_ratio": 0.64}}
+GATE = {"text": {"concurrency": 16, "min_ratio": 0.36}, "image": {"concurrency": 8, "min_ratio": 0.59}}
 
 
 def gate_ratios(name: str, repeats: int = 2, measurement_ms: int = 2000, seconds: float = 4.0,
