@@ -18,13 +18,11 @@ cached response is byte-identical to the uncached one. Writes perf/results/cache
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, data
+from tritonkit.perf import stats
 from tritonkit.perf.analyzer import PerfPoint, run_perf_analyzer, save_results, text_rows, write_input_data
 from tritonkit.repository import variants as rv
 from tritonkit.runtime.server import TritonServer
@@ -72,18 +71,6 @@ def repeat_stream(texts: list[str], repeat_rate: float, min_gap: int, seed: int 
     return stream
 
 
-def model_cache_stats(http_url: str, model: str) -> dict[str, int]:
-    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as r:
-        entries = json.loads(r.read())["model_stats"]
-    out = {"hits": 0, "misses": 0, "success": 0}
-    for e in entries:
-        stats = e["inference_stats"]
-        out["hits"] += int(stats["cache_hit"]["count"])
-        out["misses"] += int(stats["cache_miss"]["count"])
-        out["success"] += int(stats["success"]["count"])
-    return out
-
-
 def embed_once(url: str, text: str) -> dict[str, np.ndarray]:
     import tritonclient.grpc as grpcclient
 
@@ -103,19 +90,19 @@ def run_variant(variant: str, repo: Path, args, stream_file: Path, warmup_file: 
     with server:
         run_perf_analyzer(MODEL, server.grpc_url, args.concurrency, warmup_file, protocol="grpc",
                           extra=["--request-count", str(args.warmup_requests)])
-        before = model_cache_stats(server.http_url, cached_model)
+        read = lambda: stats.read(server.http_url, [cached_model])[cached_model]  # noqa: E731
+        before = read()
         point = run_perf_analyzer(MODEL, server.grpc_url, args.concurrency, stream_file, protocol="grpc",
                                   label=variant, extra=["--request-count", str(n_requests)])
-        after = model_cache_stats(server.http_url, cached_model)
-        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+        spent = read() - before
+        hits, misses = spent.cache_hit, spent.cache_miss
         # Correctness: each probe text twice in a row; the second answer comes from the cache when enabled.
         probes = []
         for text in probe_texts:
-            s0 = model_cache_stats(server.http_url, cached_model)
+            s0 = read()
             first = embed_once(server.grpc_url, text)
             second = embed_once(server.grpc_url, text)
-            s1 = model_cache_stats(server.http_url, cached_model)
-            probes.append({"first": first, "second": second, "hits": s1["hits"] - s0["hits"]})
+            probes.append({"first": first, "second": second, "hits": (read() - s0).cache_hit})
     return {
         "point": point,
         "hits": hits,

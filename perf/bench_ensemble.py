@@ -29,15 +29,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import build, paths
+from tritonkit.perf import stats
 from tritonkit.perf.analyzer import (
     PerfPoint,
     median_point,
     metrics_counters,
-    model_stats,
     print_table,
     run_perf_analyzer,
     save_results,
-    stats_split,
     write_input_data,
 )
 from tritonkit.perf.lab import _text_rows, _token_rows
@@ -126,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         with server:
             for r in range(args.repeats):
                 for w in workloads:
-                    before = model_stats(server.http_url, w.stats_models), metrics_counters(server.metrics_url)
+                    before = stats.read(server.http_url, w.stats_models), metrics_counters(server.metrics_url)
                     point = run_perf_analyzer(w.model, server.grpc_url, args.concurrency,
                                               token_data if w.tokens else text_data, protocol="grpc",
                                               measurement_ms=args.measurement_ms, label=w.label)
-                    point.stats = stats_split(before[0], model_stats(server.http_url, w.stats_models))
+                    point.stats = stats.between(before[0], stats.read(server.http_url, w.stats_models))
                     waste[w.key].append(padding(before[1], metrics_counters(server.metrics_url), w.ort_model))
                     runs[w.key].append(point)
                     print(f"  {w.label} run {r + 1}/{args.repeats}: {point.throughput:.1f}/s "

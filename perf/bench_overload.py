@@ -35,7 +35,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import data
-from tritonkit.perf import load
+from tritonkit.perf import load, stats
 from tritonkit.perf.analyzer import save_results
 from tritonkit.repository.variants import OVERLOAD_PROFILE
 from tritonkit.runtime.server import TritonServer
@@ -63,14 +63,14 @@ def run_one(pipeline: str, policy: str, args: argparse.Namespace, tmp: Path) -> 
         rate = args.factor * cap["ok_per_s"]
         print(f"[{pipeline}/{policy}] capacity {cap['ok_per_s']:.1f}/s (closed loop c={args.capacity_concurrency}, "
               f"p99 {cap['ok_p99_ms']:.0f} ms); offering {rate:.0f}/s for {args.seconds:.0f}s", flush=True)
-        stats_before = load.model_stats(server.http_url, steps)
+        stats_before = stats.read(server.http_url, steps)
         with load.MemorySampler(server.process.pid, interval_s=1.0) as mem:
             started, cpu0 = time.perf_counter(), time.process_time()
             outcomes = load.open_loop(server.grpc_url, [(w, rate)], args.seconds, arrivals="poisson",
                                       request_timeout_s=args.client_timeout)
             drained_s = time.perf_counter() - started
             client_cpu_s = time.process_time() - cpu0
-        steps_delta = load.stats_delta(stats_before, load.model_stats(server.http_url, steps))
+        steps_delta = stats.between(stats_before, stats.read(server.http_url, steps))
         summary = load.summarize(outcomes, args.seconds)
         healthy = server.is_ready()
         after = load.summarize(load.open_loop(server.grpc_url, [(w, 5.0)], 2.0), 2.0)

@@ -52,7 +52,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import data, kinds, paths
 from tritonkit.kinds.text import OUTPUT
-from tritonkit.perf import lab, load, peers
+from tritonkit.perf import lab, load, peers, stats
 from tritonkit.perf.analyzer import cpu_ms_per_item
 from tritonkit.repository import variants as rv
 from tritonkit.runtime.server import TritonServer
@@ -169,18 +169,6 @@ def _driver(unit: str, server, items: list, model: str):
     return drive
 
 
-def batch_counts(http_url: str, model: str) -> dict[int, int]:
-    """{batch size: executions so far} of `model` (Triton's statistics API)."""
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(http_url)
-    try:
-        stats = client.get_inference_statistics(model)["model_stats"][0]
-        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
-    finally:
-        client.close()
-
-
 def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: list[str], seconds: float = 3.0
                       ) -> float:
     """CPU ms per text of the file the served encoder ran, on the runtime and parameters of its (edited) config,
@@ -224,7 +212,7 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
         drive = _driver(unit, server, items, models(kind, fused)[0])
         drive(2.0)  # warm-up
         compute_model = models(kind, fused)[0] if fused else kind.INT8_MODEL
-        counts_before = batch_counts(server.http_url, compute_model)
+        counts_before = stats.read(server.http_url, [compute_model])[compute_model]
 
         def snapshot() -> dict[str, float]:
             """CPU seconds so far per process of the server's group, stubs summed per model."""
@@ -237,7 +225,7 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
         before, mine, wall = snapshot(), os.times(), os.times().elapsed
         rate, p50, p99 = drive(seconds)
         after, mine_after, wall = snapshot(), os.times(), os.times().elapsed - wall
-        counts = {b: n - counts_before.get(b, 0) for b, n in batch_counts(server.http_url, compute_model).items()}
+        counts = (stats.read(server.http_url, [compute_model])[compute_model] - counts_before).batches
         memory = load.group_memory(server.process.pid)
         cfg = text_format.Parse((Path(tmp) / compute_model / "config.pbtxt").read_text(), mc.ModelConfig())
     out = {f"{unit}/s": rate, "p50 ms": p50, "p99 ms": p99}

@@ -16,12 +16,10 @@ from PIL import Image
 
 from tests.support.tiny_models import B, W
 from tritonkit import paths
-from tritonkit.perf import lab
+from tritonkit.perf import lab, stats
 from tritonkit.perf.analyzer import (
     PerfPoint,
-    model_stats,
     run_perf_analyzer,
-    stats_split,
     time_in_process,
     write_input_data,
 )
@@ -40,10 +38,10 @@ def measured(start_server, smoke_repository, tmp_path_factory) -> dict[str, Perf
     try:
         for mode, url, protocol, kwargs in (("concurrency", server.grpc_url, "grpc", {}),
                                             ("rate", server.http_url, "http", {"request_rate": RATE})):
-            before = model_stats(server.http_url, ["smoke_linear"])
+            before = stats.read(server.http_url, ["smoke_linear"])
             point = run_perf_analyzer("smoke_linear", url, CONCURRENCY if mode == "concurrency" else 0, data,
                                       protocol=protocol, measurement_ms=500, label=f"smoke {mode}", **kwargs)
-            point.stats = stats_split(before, model_stats(server.http_url, ["smoke_linear"]))
+            point.stats = stats.between(before, stats.read(server.http_url, ["smoke_linear"]))
             points[mode] = point
     finally:
         server.stop()

@@ -100,15 +100,15 @@ def _check_served(server, cosine_min: float, logits_atol: float) -> None:
         logits, _ = spec.load_classifier()(torch.from_numpy(np.stack([imaging.preprocess_one(j) for j in jpegs])))
     np.testing.assert_allclose(probs["LOGITS"], logits.numpy(), atol=logits_atol, rtol=0)
     assert top[1][0].label == "espresso"
-    stats = _stats(server)
+    encoder = _stats(server)["text_encoder_cuda"]
     # Requests were merged, so the padding path ran.
-    assert stats["text_encoder_cuda"]["executions"] < stats["text_encoder_cuda"]["inferences"]
+    assert encoder.executions < encoder.inferences
 
 
 def _stats(server) -> dict:
-    from tritonkit.perf.analyzer import model_stats
+    from tritonkit.perf import stats
 
-    return model_stats(server.http_url, ["text_encoder_cuda", "image_classifier_cuda"])
+    return stats.read(server.http_url, ["text_encoder_cuda", "image_classifier_cuda"])
 
 
 def test_cpu_instances_serve_both_pipelines_like_the_references(tmp_path, start_server):

@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.tiny_models import B, W
+from tritonkit.perf import stats
 from tritonkit.perf.analyzer import metrics_counters
 from tritonkit.runtime.server import TritonServer
 
@@ -55,7 +56,7 @@ def test_grpc_inference_matches_numpy(smoke_server):
 
 def test_dynamic_batching_merges_requests_into_one_session_run(smoke_server):
     """Concurrent single-row requests must reach ORT as batches, not one session.run each."""
-    stats_before = _model_stats(smoke_server, "smoke_linear")
+    before = stats.read(smoke_server.http_url, ["smoke_linear"])
     runs_before = _metric(smoke_server, "tritonkit_ort_session_runs_total", "smoke_linear")
     reqs_before = _metric(smoke_server, "tritonkit_ort_batched_requests_total", "smoke_linear")
     rows = np.random.default_rng(2).random((48, 1, 4), dtype=np.float32)
@@ -78,21 +79,19 @@ def test_dynamic_batching_merges_requests_into_one_session_run(smoke_server):
     # The model itself reports the batch size each session.run saw.
     seen = [int(r.as_numpy("BATCH")[0, 0]) for r in results]
     assert max(seen) > 1, f"every request ran alone: {seen}"
-    stats = _model_stats(smoke_server, "smoke_linear")
-    executions = stats["execution_count"] - stats_before["execution_count"]
-    inferences = stats["inference_count"] - stats_before["inference_count"]
-    assert inferences == len(rows)
-    assert executions < inferences
+    after = stats.read(smoke_server.http_url, ["smoke_linear"])
+    spent = after["smoke_linear"] - before["smoke_linear"]
+    assert spent.success == spent.inferences == len(rows) and spent.fail == 0
+    assert spent.executions < spent.inferences
+    # Triton's per-batch-size counts agree with its totals, as the lab's split reads them.
+    assert sum(spent.batches.values()) == spent.executions
+    assert sum(size * n for size, n in spent.batches.items()) == spent.inferences
+    split = stats.between(before, after)["smoke_linear"]
+    assert split["batch"] == spent.inferences / spent.executions > 1 and split["compute_ms"] > 0
     runs = _metric(smoke_server, "tritonkit_ort_session_runs_total", "smoke_linear") - runs_before
     served = _metric(smoke_server, "tritonkit_ort_batched_requests_total", "smoke_linear") - reqs_before
     assert served == len(rows)
     assert runs < served, f"{runs} session.run calls for {served} requests"
-
-
-def _model_stats(server: TritonServer, model: str) -> dict:
-    client = httpclient.InferenceServerClient(server.http_url)
-    stats = client.get_inference_statistics(model)["model_stats"][0]
-    return {"execution_count": stats["execution_count"], "inference_count": stats["inference_count"]}
 
 
 def test_ragged_inputs_batch_together_padded_to_the_longest(smoke_server):

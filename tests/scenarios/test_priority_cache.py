@@ -8,14 +8,12 @@ with `--cache-config local,size=...`.
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.support.text_support import ensure_text_built
+from tritonkit.perf import stats
 from tritonkit.repository import variants as rv
 from tritonkit.repository.config import load_config
 
@@ -38,9 +36,8 @@ def _text(texts: list[str]) -> grpcclient.InferInput:
 
 
 def _cache_counts(server, model: str = "text_embedding") -> tuple[int, int]:
-    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
-        stats = json.loads(r.read())["model_stats"][0]["inference_stats"]
-    return int(stats["cache_hit"]["count"]), int(stats["cache_miss"]["count"])
+    counters = stats.read(server.http_url, [model])[model]
+    return counters.cache_hit, counters.cache_miss
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.text_support import INT8_PACKING_NOISE, ensure_text_built
 from tritonkit import data, kinds, paths
+from tritonkit.perf import stats
 from tritonkit.repository.config import load_config
 from tritonkit.serving import textproc
 
@@ -69,6 +70,15 @@ def _one_text_each(url: str, model: str, texts: list[str]) -> dict[str, np.ndarr
     return {o: np.concatenate([r[o] for r in results]) for o in OUTPUTS}
 
 
+def _one_text_each(url: str, model: str, texts: list[str]) -> dict[str, np.ndarray]:
+    """One request per text, 8 in flight, so the server batches requests of different lengths together."""
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda t: _request(url, model, [t.encode()]), texts))
+    for t, r in zip(texts, results):
+        assert not isinstance(r, Exception), f"{model} failed for {t[:40]!r}: {r}"
+    return {o: np.concatenate([r[o] for r in results]) for o in OUTPUTS}
+
+
 def _stats(url: str, model: str) -> dict:
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -91,9 +101,9 @@ def _healthy(server) -> None:
 @pytest.mark.slow
 def test_fused_equals_the_ensemble_for_mixed_lengths_sent_concurrently(server):
     texts = _mixed_texts()
-    before = _stats(server.grpc_url, FUSED)
+    before = stats.read(server.http_url, [FUSED])[FUSED]
     fused = _one_text_each(server.grpc_url, FUSED, texts)
-    after = _stats(server.grpc_url, FUSED)
+    spent = stats.read(server.http_url, [FUSED])[FUSED] - before
     ensemble = _one_text_each(server.grpc_url, ENSEMBLE, texts)
     a, b = fused["embedding"], ensemble["embedding"]
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
@@ -104,8 +114,7 @@ def test_fused_equals_the_ensemble_for_mixed_lengths_sent_concurrently(server):
     assert (fused["truncated"] == ensemble["truncated"]).all()
     assert fused["truncated"][5, 0] and fused["num_tokens"][5, 0] == 256
     # Concurrent requests really ran together (fewer executions than requests).
-    executions = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
-    assert executions < len(texts), f"{executions} executions for {len(texts)} requests: nothing was batched"
+    assert spent.executions < len(texts), f"{spent.executions} runs for {len(texts)} requests: nothing batched"
 
 
 def _blocker_rows(server, seconds: float) -> list[bytes]:
@@ -118,8 +127,8 @@ def _blocker_rows(server, seconds: float) -> list[bytes]:
     return [row] * max(1, min(64, round(seconds / per_row)))
 
 
-def _batch_sizes(url: str) -> dict[int, int]:
-    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in _stats(url, FUSED).get("batch_stats", [])}
+def _batch_sizes(server) -> dict[int, int]:
+    return dict(stats.read(server.http_url, [FUSED])[FUSED].batches)
 
 
 @pytest.mark.slow
@@ -146,7 +155,7 @@ def test_bad_text_fails_only_its_request_in_a_shared_batch(server, bad, message)
     blocker = _blocker_rows(server, 0.08)  # under the 250 ms queue timeout, long enough for the rest to gather
     seen = []
     for _round in range(6):
-        before = _batch_sizes(server.grpc_url)
+        before = _batch_sizes(server)
         go = threading.Event()
 
         def queued(rows, go=go):
@@ -168,7 +177,7 @@ def test_bad_text_fails_only_its_request_in_a_shared_batch(server, bad, message)
         assert isinstance(error, InferenceServerException), "the bad request succeeded"
         assert f"{FUSED}: {message}" in str(error), str(error)
         assert error.status() == "StatusCode.INVALID_ARGUMENT", error.status()
-        after = _batch_sizes(server.grpc_url)
+        after = _batch_sizes(server)
         delta = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
         seen.append(delta)
         if any(delta.get(size, 0) > 0 for size in range(len(bad_rows) + 1, len(bad_rows) + len(goods) + 1)):

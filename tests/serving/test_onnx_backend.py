@@ -22,6 +22,7 @@ from tests.support.backend_support import (
     lookup_model,
 )
 from tritonkit import paths
+from tritonkit.perf import stats
 from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
 
 
@@ -59,11 +60,7 @@ def test_tensor_the_model_rejects_is_a_client_error(smoke_server, protocol):
 
 
 def _executions(server, model: str) -> int:
-    client = httpclient.InferenceServerClient(server.http_url)
-    try:
-        return int(client.get_inference_statistics(model)["model_stats"][0]["execution_count"])
-    finally:
-        client.close()
+    return stats.read(server.http_url, [model])[model].executions
 
 
 def test_failed_batch_is_bisected_and_other_groups_are_not_rerun(server):

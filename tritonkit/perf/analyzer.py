@@ -24,6 +24,7 @@ from typing import Any
 
 from tritonkit import paths
 from tritonkit.errors import PerfError
+from tritonkit.perf import stats
 
 
 @dataclass
@@ -222,13 +223,13 @@ def sweep(
     runs: dict[tuple, list[PerfPoint]] = {load: [] for load in loads}
     for r in range(repeats):
         for kind, value in loads:
-            before = model_stats(stats_of[0], stats_of[1]) if stats_of else {}
+            before = stats.read(*stats_of) if stats_of else {}
             if kind == "c":
                 point = run_perf_analyzer(model, url, int(value), input_data, label=label, **kwargs)
             else:
                 point = run_perf_analyzer(model, url, 0, input_data, label=label, request_rate=value, **kwargs)
             if stats_of:
-                point.stats = stats_split(before, model_stats(stats_of[0], stats_of[1]))
+                point.stats = stats.between(before, stats.read(*stats_of))
             runs[(kind, value)].append(point)
             progress(f"  {label or model} {kind}={value:g} run {r + 1}/{repeats}: {point.throughput:.1f}/s "
                      f"p50 {point.p50_ms:.1f} ms p99 {point.p99_ms:.1f} ms")
@@ -340,47 +341,6 @@ def print_table(points: Sequence[PerfPoint], title: str, baseline: dict[int, Per
             row.append(f"{p.throughput / base.throughput:.2f}" if base and base.throughput else "")
         table.add_row(*row)
     Console().print(table)
-
-
-def model_stats(http_url: str, models: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Cumulative counters from Triton's statistics API (GET /v2/models/<m>/stats), summed over versions."""
-    import urllib.request
-
-    out = {}
-    for model in models:
-        with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as r:
-            entries = json.loads(r.read())["model_stats"]
-        totals: dict[str, float] = {"inferences": 0.0, "executions": 0.0}
-        for e in entries:
-            totals["inferences"] += e.get("inference_count", 0)
-            totals["executions"] += e.get("execution_count", 0)
-            for key, value in e["inference_stats"].items():
-                totals[f"{key}_count"] = totals.get(f"{key}_count", 0.0) + value["count"]
-                totals[f"{key}_ns"] = totals.get(f"{key}_ns", 0.0) + value["ns"]
-        out[model] = totals
-    return out
-
-
-def stats_split(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict]:
-    """Per model between two snapshots: mean queue and compute ms per request, mean batch per execution.
-
-    Queue is time waiting in the model's scheduler (dynamic batcher); compute is input copy + run + output copy.
-    """
-    split = {}
-    for model, a in after.items():
-        b = before.get(model, {})
-        d = {k: a[k] - b.get(k, 0.0) for k in a}
-        requests = d.get("success_count", 0.0)
-        if not requests:
-            continue
-        compute = sum(d.get(f"compute_{k}_ns", 0.0) for k in ("input", "infer", "output"))
-        split[model] = {
-            "requests": requests,
-            "queue_ms": d.get("queue_ns", 0.0) / requests / 1e6,
-            "compute_ms": compute / requests / 1e6,
-            "batch": d["inferences"] / d["executions"] if d.get("executions") else float("nan"),
-        }
-    return split
 
 
 RESULTS = paths.ROOT / "perf" / "results"

@@ -239,38 +239,6 @@ def by_window(outcomes: Sequence[Outcome], window_s: float, duration_s: float) -
 
 # -- Triton's own view ------------------------------------------------------------------------------------------
 
-def model_stats(http_url: str, models: Sequence[str]) -> dict[str, dict[str, int]]:
-    """Cumulative statistics per model (statistics API): successful and failed requests (failed = shed or
-    refused there), queue and compute time, executions. Differences of two calls describe the span between."""
-    import tritonclient.http as httpclient
-
-    client = httpclient.InferenceServerClient(http_url)
-    try:
-        out = {}
-        for m in models:
-            model = client.get_inference_statistics(m)["model_stats"][0]
-            st = model["inference_stats"]
-            out[m] = {"success": int(st["success"]["count"]), "fail": int(st["fail"]["count"]),
-                      "queue_ns": int(st["queue"]["ns"]), "executions": int(model["execution_count"]),
-                      "compute_ns": sum(int(b["compute_infer"]["ns"]) for b in model.get("batch_stats", []))}
-        return out
-    finally:
-        client.close()
-
-
-def stats_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
-    """Per model between two `model_stats` calls: requests, failed, mean queue and compute ms per request, mean
-    requests per execution."""
-    out = {}
-    for m, a in after.items():
-        d = {k: v - before[m][k] for k, v in a.items()}
-        n = max(1, d["success"])
-        out[m] = {"success": d["success"], "failed": d["fail"], "queue_ms_per_success": d["queue_ns"] / 1e6 / n,
-                  "requests_per_execution": d["success"] / max(1, d["executions"]),
-                  "compute_ms_per_execution": d["compute_ns"] / 1e6 / max(1, d["executions"])}
-    return out
-
-
 # -- memory of the server's process group ----------------------------------------------------------------------
 
 def group_cpu_ticks(pgid: int) -> dict[int, int]:
@@ -422,7 +390,7 @@ def image_workload(images: Sequence[bytes], model: str = "image_classification")
 
 
 def real_images(quality: int = 90) -> list[bytes]:
-    """The bundled real photos as JPEG, as perf/bench_image.py sends them."""
+    """The bundled real photos as JPEG q`quality`, as clients send them (lab, soak, perf gate)."""
     from tritonkit import kinds
     from tritonkit.serving import imaging
 

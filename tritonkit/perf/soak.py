@@ -31,7 +31,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import data
-from tritonkit.perf import load
+from tritonkit.perf import load, stats
 from tritonkit.perf.analyzer import save_results
 from tritonkit.runtime.server import TritonServer
 
@@ -81,13 +81,13 @@ def soak(
 
     # Triton's statistics at every window boundary: where a slow minute spent its time (queue or compute, which
     # step), or whether it was outside the server.
-    snapshots = [load.model_stats(server.http_url, STEPS)]
+    snapshots = [stats.read(server.http_url, STEPS)]
     stop = threading.Event()
 
     def snapshot_windows(started: float) -> None:
         k = 1
         while not stop.wait(max(0.0, started + k * window_s - time.perf_counter())):
-            snapshots.append(load.model_stats(server.http_url, STEPS))
+            snapshots.append(stats.read(server.http_url, STEPS))
             k += 1
 
     with load.MemorySampler(server.process.pid, interval_s=sample_s) as mem:
@@ -99,7 +99,7 @@ def soak(
         sampler.join()
     windows = load.by_window(outcomes, window_s, duration_s)
     for w, before, after in zip(windows, snapshots, snapshots[1:], strict=False):
-        w["steps"] = load.stats_delta(before, after)
+        w["steps"] = stats.between(before, after)
     for name in workloads:  # which pipeline a drift comes from
         mine = load.by_window([o for o in outcomes if o.workload == name], window_s, duration_s)
         for w, m in zip(windows, mine, strict=True):
@@ -152,8 +152,8 @@ def markdown(result: dict) -> str:
         lines.append(f"| {w['window']} | {w['requests']} | {w['ok']} | {w['rejected']} | {w['errors']} | "
                      f"{f(w['ok_p50_ms'])} | {f(w['ok_p99_ms'])} | {f(w.get('text_p99_ms', float('nan')))} | "
                      f"{f(w.get('image_p99_ms', float('nan')))} | {g(w.get('server_cores'))} / "
-                     f"{g(w.get('client_cores'))} / {g(w.get('other_cores'))} | {steps(w, 'queue_ms_per_success')} | "
-                     f"{steps(w, 'requests_per_execution')} |")
+                     f"{g(w.get('client_cores'))} / {g(w.get('other_cores'))} | {steps(w, 'queue_ms')} | "
+                     f"{steps(w, 'batch')} |")
     t, m = result["total"], result["memory"]
     lines += [
         "",
