@@ -70,23 +70,6 @@ def _one_text_each(url: str, model: str, texts: list[str]) -> dict[str, np.ndarr
     return {o: np.concatenate([r[o] for r in results]) for o in OUTPUTS}
 
 
-def _one_text_each(url: str, model: str, texts: list[str]) -> dict[str, np.ndarray]:
-    """One request per text, 8 in flight, so the server batches requests of different lengths together."""
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda t: _request(url, model, [t.encode()]), texts))
-    for t, r in zip(texts, results):
-        assert not isinstance(r, Exception), f"{model} failed for {t[:40]!r}: {r}"
-    return {o: np.concatenate([r[o] for r in results]) for o in OUTPUTS}
-
-
-def _stats(url: str, model: str) -> dict:
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        return client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    finally:
-        client.close()
-
-
 def _healthy(server) -> None:
     with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=5) as r:
         assert r.status == 200
