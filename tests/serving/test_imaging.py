@@ -104,6 +104,26 @@ def test_exif_orientation_is_applied(orientation):
     assert np.abs(jpeg - imaging.preprocess_one(imaging.encode(np.asarray(upright), "JPEG", 92))).mean() < 0.03
 
 
+def test_a_jpeg_decoder_passed_in_gets_pillows_dct_size_and_the_rest_of_the_path_is_the_served_one():
+    """perf/bench_preprocess.py times other JPEG libraries through this hook: Pillow itself must give the served
+    tensor exactly, EXIF orientation included, and PNGs must not reach the decoder."""
+    sizes = []
+
+    def pillow(data: bytes, w: int, h: int) -> np.ndarray:
+        im = Image.open(io.BytesIO(data))
+        im.draft("RGB", (w, h))
+        sizes.append((im.size, (w, h)))
+        return np.asarray(im.convert("RGB"))
+
+    rotated = _with_orientation(Image.fromarray(spec.photo("rocket").rgb), 6, "JPEG")
+    for data in (spec.photo_bytes("chelsea"), spec.photo_bytes("hubble_deep_field"), rotated):
+        np.testing.assert_array_equal(imaging.preprocess([data], jpeg=pillow)[0], imaging.preprocess([data])[0])
+    assert len(sizes) == 3 and all(got == asked for got, asked in sizes)
+    assert sizes[1][1][0] < Image.open(io.BytesIO(spec.photo_bytes("hubble_deep_field"))).size[0]  # DCT-scaled
+    imaging.preprocess([imaging.encode(spec.photo("chelsea").rgb, "PNG")], jpeg=pillow)
+    assert len(sizes) == 3
+
+
 def test_malformed_exif_is_ignored(chelsea_jpeg):
     buf = io.BytesIO()
     Image.fromarray(spec.photo("chelsea").rgb).save(buf, format="JPEG", quality=92, exif=b"Exif\x00\x00" + b"\xde" * 40)
@@ -144,10 +164,10 @@ def test_bomb_beyond_pillows_own_limit_names_ours():
 def test_an_unexpected_failure_is_still_one_images_error(monkeypatch, chelsea_jpeg):
     real = imaging.decode_crop
 
-    def flaky(data, cfg, index):
+    def flaky(data, cfg, index, jpeg=None):
         if index == 1:
             raise ValueError("conversion not supported")
-        return real(data, cfg, index)
+        return real(data, cfg, index, jpeg)
 
     monkeypatch.setattr(imaging, "decode_crop", flaky)
     batch, errors = imaging.preprocess([chelsea_jpeg, chelsea_jpeg])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,16 +148,34 @@ def _crop_box(w: int, h: int, cfg: PreprocessConfig) -> tuple[float, float, floa
     return left, top, left + side, top + side
 
 
-def decode_crop(data: bytes, cfg: PreprocessConfig = PreprocessConfig(), index: int = 0) -> np.ndarray:
-    """Encoded bytes → uint8 [crop, crop, 3] RGB, via DCT-domain JPEG downscaling and a crop-box resample."""
+JpegDecoder = Callable[[bytes, int, int], np.ndarray]  # (data, width, height) → uint8 RGB decoded at that size
+
+
+def decode_crop(
+    data: bytes, cfg: PreprocessConfig = PreprocessConfig(), index: int = 0, jpeg: JpegDecoder | None = None
+) -> np.ndarray:
+    """Encoded bytes → uint8 [crop, crop, 3] RGB, via DCT-domain JPEG downscaling and a crop-box resample.
+    `jpeg`: another library decoding JPEGs at Pillow's DCT scale, for perf/bench_preprocess.py to compare."""
     im = _open(data, cfg, index)
-    w, h = im.size
     if im.format == "JPEG":
-        scale = cfg.resize / min(w, h)
-        # draft() picks the largest 1/2^k reduction that keeps the image at least this size.
-        im.draft("RGB", (max(1, int(w * scale + 0.999)), max(1, int(h * scale + 0.999))))
+        _jpeg_draft(im, cfg)
+        if jpeg is not None:
+            return _crop_decoded(Image.fromarray(jpeg(data, *im.size)), _orientation(im), cfg)
     im = _decoded(im, cfg, index)
-    upright = _UPRIGHT.get(_orientation(im))
+    return _crop_decoded(im, _orientation(im), cfg)
+
+
+def _jpeg_draft(im: Image.Image, cfg: PreprocessConfig) -> None:
+    """Before decoding an opened JPEG: ask for the largest 1/2, 1/4 or 1/8 DCT-domain reduction that keeps the
+    shorter side >= `cfg.resize`; `im.size` becomes the size the decode will have."""
+    w, h = im.size
+    scale = cfg.resize / min(w, h)
+    im.draft("RGB", (max(1, int(w * scale + 0.999)), max(1, int(h * scale + 0.999))))
+
+
+def _crop_decoded(im: Image.Image, orientation: int, cfg: PreprocessConfig) -> np.ndarray:
+    """Decoded pixels with their EXIF `orientation` → uint8 [crop, crop, 3] RGB, upright."""
+    upright = _UPRIGHT.get(orientation)
     alpha = im.mode in _ALPHA_MODES or "transparency" in im.info
     if im.mode in _WIDE_GREY_MODES:
         im = Image.fromarray((np.clip(np.asarray(im), 0, 65535) >> 8).astype(np.uint8), "L")
@@ -188,15 +206,16 @@ def _orientation(im: Image.Image) -> int:
 
 
 def preprocess(
-    images: Sequence[bytes], cfg: PreprocessConfig = PreprocessConfig()
+    images: Sequence[bytes], cfg: PreprocessConfig = PreprocessConfig(), jpeg: JpegDecoder | None = None
 ) -> tuple[np.ndarray, list[ImageInputError | None]]:
-    """Batch of encoded images → (float32 [n, 3, crop, crop], per-image error or None); bad rows stay zero."""
+    """Batch of encoded images → (float32 [n, 3, crop, crop], per-image error or None); bad rows stay zero.
+    `jpeg`: as for `decode_crop`."""
     lut = cfg.lut()
     out = np.zeros((len(images), 3, cfg.crop, cfg.crop), dtype=np.float32)
     errors: list[ImageInputError | None] = []
     for i, data in enumerate(images):
         try:
-            rgb = decode_crop(data, cfg, i)
+            rgb = decode_crop(data, cfg, i, jpeg)
         except ImageInputError as exc:
             errors.append(exc)
             continue
