@@ -30,6 +30,7 @@ import numpy as np
 
 from tritonkit import envinfo, paths
 from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference_ready, row_count
+from tritonkit.int8.params import file_digest
 from tritonkit.serving import runtimes
 from tritonkit.serving.runtimes import DEFAULT, VARIANTS, needs_bf16, open_variant, usable_here
 
@@ -305,10 +306,6 @@ def exact_agreement(kind, path: Path, variant: str, threads: int) -> float:
     return worst_cosine(got, ExactSession(path), _output(kind), feeds)
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
 def source_digest(kind, gated: bool, cpu_class: str) -> str:
     """What a served file is built from, the same on every machine: the model's spec, the package versions and,
     for the INT8 file, `cpu_class`'s committed served recipe. Not the files' bytes: Lite0's calibration (histograms over
@@ -487,7 +484,7 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
     measured = {}
     for model, (path, gated) in files.items():
         old, served = records.get(model), paths.rel(served_file(path))
-        digest, source = _digest(path), source_digest(kind, gated, cpu_class)
+        digest, source = file_digest(path)[:16], source_digest(kind, gated, cpu_class)
         if not force and reusable(old, digest, source, served, served_threads(kind, model)):
             records[model] = old
             here = usable_here(old["runtime"])
