@@ -216,14 +216,18 @@ class Builder:
         """`r`'s INT8 graph. The last one is kept: a winner is scored, checked on its runtime, timed and tested in
         turn, and nothing downstream changes a graph (sessions and files are made from copies). `check`: onnx's
         full checker too (a search's candidates only feed onnxruntime, which checks them)."""
+        from tritonkit.int8 import granularity
         from tritonkit.int8.quantize import quantize_prepared
 
         q = self.quant(r)
-        key = json.dumps(asdict(q), sort_keys=True)
+        dynamic = getattr(r, "dynamic", None) or {}
+        key = json.dumps([asdict(q), dynamic], sort_keys=True)
         if self._built is None or self._built[0] != key:
             self._built = None  # the old graph's memory goes before the new one is made
             model = quantize_prepared(self.prepare(q), self.calibrate(q), q, getattr(r, "float_nodes", ()),
                                       check=check)
+            if dynamic:  # from the weights alone: nothing calibrated, so a replay rebuilds the same bytes
+                model = granularity.apply(model, dynamic["scheme"], dynamic["nodes"])
             if self.exact:
                 _opens_exactly(model)
             self._built = (key, model)

@@ -93,6 +93,10 @@ def quantized_ops(model_path: Path) -> dict[str, int]:
     return ops
 
 
+# Weighted ops whose activations are quantized at run time (tritonkit.int8.granularity): INT8 without Q/DQ.
+RUNTIME_QUANTIZED = ("MatMulNBits", "MatMulInteger")
+
+
 def weight_macs(model, weight_ops: Sequence[str]) -> dict[str, float]:
     """Multiply-accumulates per sample of each `weight_ops` node with a constant weight, from a shape-inferred
     graph: weight elements × output positions (a conv's output pixels; 1 for MatMul/Gemm, whose rows per sample,
@@ -106,6 +110,10 @@ def weight_macs(model, weight_ops: Sequence[str]) -> dict[str, float]:
     out = {}
     for node in model.graph.node:
         weight = next((sizes[i] for i in node.input[1:2] if i in sizes), None)
+        if node.op_type in RUNTIME_QUANTIZED and "MatMul" in weight_ops:  # tritonkit.int8.granularity's nodes
+            attrs = {a.name: a.i for a in node.attribute}
+            out[node.name] = float(attrs["K"] * attrs["N"]) if node.op_type == "MatMulNBits" else float(weight or 0)
+            continue
         if node.op_type not in weight_ops or weight is None:
             continue
         positions = math.prod(d for d in dims.get(node.output[0], [])[2:] if d) if node.op_type == "Conv" else 1
@@ -126,4 +134,5 @@ def artefact_int8_share(model_path: Path, weight_ops: Sequence[str]) -> float:
     model = onnx.shape_inference.infer_shapes(onnx.load(str(model_path), load_external_data=False))
     dq_outputs = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     macs = weight_macs(model, weight_ops)
-    return int8_share(macs, [n.name for n in model.graph.node if n.name in macs and n.input[1] not in dq_outputs])
+    return int8_share(macs, [n.name for n in model.graph.node if n.name in macs and n.input[1] not in dq_outputs
+                             and n.op_type not in RUNTIME_QUANTIZED])

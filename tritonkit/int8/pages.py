@@ -59,10 +59,16 @@ def render_markdown(report: dict, brief: bool = False) -> str:
                     lo, hi = speed.get(f"speedup_lo_batch{b}"), speed.get(f"speedup_hi_batch{b}")
                     lines.append(f"| {b} | {speed[f'fp32_ms_batch{b}']:.2f} | {speed[f'int8_ms_batch{b}']:.2f} | "
                                  f"{speed[k]:.2f} | {f'{lo:.2f}–{hi:.2f}' if lo is not None else '—'} |")
-        float_nodes = (report.get("recipe") or {}).get("float_nodes", [])
-        names = f"listed in `{report['recipe_file']}`" if brief and float_nodes else \
-            (", ".join(f"`{n}`" for n in float_nodes) or "none")
-        lines += ["", f"Kept in float ({len(float_nodes)}): {names}"]
+        recipe = report.get("recipe") or {}
+        dynamic = recipe.get("dynamic") or {}
+        float_nodes = [n for n in recipe.get("float_nodes", []) if n not in dynamic.get("nodes", ())]
+        for what, nodes in [("Kept in float", float_nodes),
+                            (f"Activations quantized at run time, {dynamic.get('scheme')}", dynamic.get("nodes"))]:
+            if nodes is None:
+                continue
+            names = f"listed in `{report['recipe_file']}`" if brief and nodes else \
+                (", ".join(f"`{n}`" for n in nodes) or "none")
+            lines += ["", f"{what} ({len(nodes)}): {names}"]
         if report.get("int8_mac_share") is not None:
             lines += ["", f"Weighted multiply-accumulates in INT8: {report['int8_mac_share']:.1%}."]
         if report.get("missed"):

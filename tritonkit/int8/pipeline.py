@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from tritonkit import envinfo, fingerprint, paths
@@ -245,7 +244,7 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.
             kept = result.recipe or (Recipe.from_json(result.accurate["recipe"]) if result.accurate else None)
             if kept is not None:
-                saved = searcher.builder.quant_params(kept, recipe_digest(asdict(kept)), params_origin(kind),
+                saved = searcher.builder.quant_params(kept, recipe_digest(kept.to_json()), params_origin(kind),
                                                       source).save(params_path(kind, form, {"class": cpu}))
                 _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
             elif (stale := params_path(kind, form, {"class": cpu})).exists():  # an earlier recipe's: unread now
@@ -257,7 +256,7 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
                                              [speed_variants[0], result.int8_variant] if form == "served" else [],
                                              by="search"))
             entry = {
-                "recipe": asdict(result.recipe) if result.recipe else None,
+                "recipe": result.recipe.to_json() if result.recipe else None,
                 **({"speed_against": speed_variants[0]} if form == "served" else {}),
                 **({"int8_variant": result.int8_variant} if result.int8_variant else {}),
                 "status": "passed" if result.passed else FALLBACK,

@@ -49,6 +49,19 @@ class Recipe:
     weight_rounding: str = "nearest"
     float_nodes: list[str] = field(default_factory=list)
     extra_options: dict[str, Any] = field(default_factory=dict)
+    # Float nodes whose activations are quantized at run time instead (tritonkit.int8.granularity): {"scheme":
+    # name, "nodes": [...]}; empty: every float node runs in float. Absent from a recipe file where empty.
+    dynamic: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dynamic_nodes(self) -> list[str]:
+        return list(self.dynamic.get("nodes", []))
+
+    def with_dynamic(self, scheme: str, nodes: Sequence[str]) -> Recipe:
+        """This recipe with `nodes` (of its float nodes) quantized at run time by `scheme`."""
+        from dataclasses import replace
+
+        return replace(self, dynamic={"scheme": scheme, "nodes": list(nodes)} if nodes else {})
 
     def to_quant(self, weight_ops: Sequence[str], name: str = "searched") -> QuantRecipe:
         inputs = self.placement == "inputs"
@@ -75,7 +88,17 @@ class Recipe:
             parts.append("biascorr")
         if self.weight_rounding != "nearest":
             parts.append(self.weight_rounding)
-        return "-".join(parts) + f" +{len(self.float_nodes)} float"
+        dynamic = self.dynamic_nodes
+        return "-".join(parts) + f" +{len(self.float_nodes) - len(dynamic)} float" + \
+            (f" +{len(dynamic)} {self.dynamic['scheme']}" if dynamic else "")
+
+    def to_json(self) -> dict:
+        """The committed form: a recipe without dynamic nodes reads as it did before they existed (its digest, which
+        its quantization parameters name, is unchanged)."""
+        data = asdict(self)
+        if not self.dynamic:
+            del data["dynamic"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> Recipe:
@@ -138,4 +161,4 @@ class SearchResult:
     digest: str | None = None
 
     def to_json(self) -> dict:
-        return {**asdict(self), "recipe": asdict(self.recipe) if self.recipe else None}
+        return {**asdict(self), "recipe": self.recipe.to_json() if self.recipe else None}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tritonkit.errors import SearchError
@@ -249,7 +249,9 @@ class Search(Planner, Fallbacks):
     def int8_share(self, r: Recipe) -> float:
         """The share of the weighted multiply-accumulates `r` leaves in INT8 (on its prepared graph, where merged
         MatMuls carry their new names)."""
-        return int8_share(self.builder.prepare(r).macs(self.spec.WEIGHT_OPS), r.float_nodes)
+        dynamic = set(r.dynamic_nodes)
+        return int8_share(self.builder.prepare(r).macs(self.spec.WEIGHT_OPS),
+                          [n for n in r.float_nodes if n not in dynamic])
 
     def _applicable_methods(self) -> list[tuple[str, dict]]:
         """Histogram calibrators concatenate every batch's tensors: they need equal-shape calibration feeds."""
@@ -370,6 +372,31 @@ class Search(Planner, Fallbacks):
         if not _passed(confirmed):
             return None
         return r, self._time_candidate(r)
+
+    def granular(self, r: Recipe) -> list[tuple[Recipe, dict]]:
+        """`r` (a candidate that held every accuracy gate on the whole split) with its float MatMuls quantized at run
+        time instead, by each scheme in turn (tritonkit.int8.granularity), where that holds every gate on the whole
+        split and there is time to judge it: [(recipe, speed)], for the speed gate and the test split to choose among
+        with `r` (the fastest holding wins). The served form's step before float; TensorRT's form runs only explicit
+        Q/DQ, so it never takes one."""
+        from tritonkit.int8 import granularity
+
+        if not self.check_speed or r.dynamic:
+            return []
+        model = self.build(r)
+        found = []
+        for name in granularity.SCHEMES:
+            nodes = granularity.eligible(model, r.float_nodes, name)
+            if not nodes:
+                continue
+            g = r.with_dynamic(name, nodes)
+            # An option: skipped alone where it cannot also leave its timing's time.
+            step = self.measure("granular", f"{len(nodes)} float MatMuls as {name}", g,
+                                ahead=self.estimate("speed") or 0.0)
+            if not _passed(step) or not self.fits("speed", g.describe(), self.estimate("speed"), ahead=0.0):
+                continue
+            found.append((g, self._time_candidate(g, "granular")))
+        return found
 
     def _under_share(self, r: Recipe, what: str) -> bool:
         """Whether `r` leaves less of the compute in INT8 than the form's share allows (said): not worth judging."""
@@ -587,7 +614,7 @@ class Search(Planner, Fallbacks):
         slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
         first = self.committed_first()
         if first is not None:
-            self._sort_by_speed(ok, slow, failed, [first])
+            self._sort_by_speed(ok, slow, failed, [first, *self.granular(first[0])])
         tracks = self.start()
         ceiling = None if ok else self.speed_ceiling()
         if ceiling is not None:
@@ -632,7 +659,7 @@ class Search(Planner, Fallbacks):
                 # The scan and fallback would only look for fewer float nodes than the kind's shipped models kept:
                 # a passing prior ends the search (a 6-layer MiniLM cut: 43 s of fallbacks found nothing shorter).
                 self.log(f"  prior {found[0].describe()} holds every gate: the search ends with it (no scan)")
-                self._sort_by_speed(ok, slow, failed, [found])
+                self._sort_by_speed(ok, slow, failed, [found, *self.granular(found[0])])
                 break
             # The scan ranks units by their distance to the gates, and the fallbacks judge: by the floor's bounds.
             self.need_floor("the sensitivity scan ranks by the gates")
@@ -672,6 +699,8 @@ class Search(Planner, Fallbacks):
                 if self.check_speed and finals and not self.fits("speed", recipe.describe(), self.estimate("speed")):
                     break
                 finals.append((recipe, self._time_candidate(recipe)))
+            if finals:  # the first passing candidate's float MatMuls, at a finer granularity
+                finals += self.granular(finals[0][0])
             self._sort_by_speed(ok, slow, failed, finals)
             if ok:  # tracks run best first: the first that passes ends the search
                 break
@@ -746,7 +775,7 @@ class Search(Planner, Fallbacks):
                  + ("" if held else " (missed: not kept)"))
         if not held:
             return None
-        return {"recipe": asdict(r), "validation": self._split_metrics.get(_key(r), {}), "test": test, "speed": speed,
+        return {"recipe": r.to_json(), "validation": self._split_metrics.get(_key(r), {}), "test": test, "speed": speed,
                 "int8_variant": self._variants(r)[1]}
 
     def candidate_speed(self, r: Recipe) -> dict[str, float]:

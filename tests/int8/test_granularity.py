@@ -1,0 +1,191 @@
+"""Activations quantized at run time (tritonkit.int8.granularity): the served search's step before float, on a small
+MatMul model whose middle layer reads an outlier token that one static range per tensor cannot hold."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.support.tiny_search import TinySpec
+from tritonkit.int8 import granularity, search
+from tritonkit.int8.builder import Builder
+from tritonkit.int8.checks import artefact_int8_share
+from tritonkit.int8.evaluate import session
+from tritonkit.int8.records import Recipe
+from tritonkit.kinds.gates import Target
+
+WIDTH = 64
+
+
+class MatMulSpec(TinySpec):
+    """TinySpec's data as [rows, 4 tokens, 16]: a Linear on 3-D input exports as MatMul + Add."""
+
+    WEIGHT_OPS = ("MatMul",)
+    TARGETS = (Target("cosine_min", ">=", 0.99), Target("cosine_mean", ">=", 0.995))
+    SPEED_TARGET = Target("int8_speedup", ">=", 0.0)  # this test is about accuracy and the choice, not a tiny speed
+
+    def __init__(self):
+        super().__init__()
+        self.data = {k: np.repeat(v[:, None, :], 4, 1) * np.linspace(0.5, 1.5, 4, dtype=np.float32)[None, :, None]
+                     for k, v in self.data.items()}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(path, the MatMul that reads the outlier, the attention-like activation x activation MatMul)."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Linear(16, WIDTH), torch.nn.Linear(WIDTH, WIDTH), \
+                torch.nn.Linear(WIDTH, 8)
+            # Token 0 of b's input x1000, undone on b's output (as delimiter tokens' outliers in BERT's encoders)
+            self.register_buffer("s", torch.tensor([1000.0, 1.0, 1.0, 1.0]).reshape(1, 4, 1))
+
+        def forward(self, x):
+            h = torch.relu(self.a(x)) * self.s
+            h = torch.relu(self.b(h) / self.s)
+            return self.c(h @ (h.transpose(1, 2) @ h) / 100.0).mean(1)  # [rows, 8], as an embedding
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    path = tmp_path_factory.mktemp("granular") / "net.onnx"
+    torch.onnx.export(net, (torch.zeros(2, 4, 16),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=17, dynamo=False)
+    graph = onnx.load(str(path)).graph
+    weights = {i.name for i in graph.initializer}
+    matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    b = next(n.name for n in matmuls if n.name == "/b/MatMul")
+    activation = next(n.name for n in matmuls if n.input[1] not in weights)
+    return path, b, activation
+
+
+def _run(model_proto, feeds):
+    return session(model_proto, 1, exact=True).run(None, feeds)[0]
+
+
+def _cosine_min(ref, got):
+    ref, got = ref.reshape(len(ref), -1), got.reshape(len(got), -1)
+    return float(((ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))).min())
+
+
+@pytest.mark.parametrize("scheme", list(granularity.SCHEMES))
+def test_a_scheme_keeps_the_outlier_layer_accurate_where_a_static_range_cannot(model, scheme):
+    path, outlier, activation = model
+    spec = MatMulSpec()
+    builder = Builder(spec, path, progress=False, all_methods=False)
+    static = Recipe(form="uint8", placement="inputs")
+    floated = replace(static, float_nodes=[outlier, activation])
+    feeds = {"x": spec.data["validation"]}
+    ref = _run(onnx.load(str(path)), feeds)
+    # The float MatMul with a constant weight is eligible; the activation x activation product is not.
+    assert granularity.eligible(builder.build(floated), floated.float_nodes, scheme) == [outlier]
+    dynamic = floated.with_dynamic(scheme, [outlier])
+    graph = builder.build(dynamic)
+    op = {"nbits8-b32": "MatMulNBits", "token-g4": "MatMulInteger"}[scheme]
+    assert [n.name for n in graph.graph.node if n.op_type == op] == [outlier]
+    assert outlier not in {n.name for n in graph.graph.node if n.op_type == "MatMul"}
+    all_int8 = _cosine_min(ref, _run(builder.build(static), feeds))
+    float_b = _cosine_min(ref, _run(builder.build(floated), feeds))
+    got = _cosine_min(ref, _run(graph, feeds))
+    assert all_int8 < 0.99 <= got, (all_int8, got)  # the outlier layer at a static range loses; at run time, holds
+    assert got > float_b - 0.005, (got, float_b)  # about what float gives
+    builder.close()
+
+
+@pytest.mark.parametrize("scheme", list(granularity.SCHEMES))
+def test_a_dynamic_recipe_replays_the_same_bytes_from_its_parameters_and_counts_as_int8(model, scheme, tmp_path):
+    from tritonkit.int8 import params
+
+    path, outlier, activation = model
+    spec = MatMulSpec()
+    recipe = Recipe(form="uint8", placement="inputs", float_nodes=[outlier, activation]).with_dynamic(scheme,
+                                                                                                     [outlier])
+    searched = Builder(spec, path, progress=False, all_methods=False)
+    first = searched.build(recipe).SerializeToString()
+    saved = searched.quant_params(recipe, "digest").save(tmp_path / "p.npz")
+    searched.close()
+
+    committed = Recipe.from_json(json.loads(json.dumps(recipe.to_json())))
+    assert committed == recipe
+
+    class NoData(MatMulSpec):
+        def calibration_batches(self):
+            raise AssertionError("a replay from committed parameters reads no calibration data")
+
+    replay = Builder(NoData(), path, committed=(committed, params.QuantParams.load(saved)), progress=False,
+                     all_methods=False)
+    out = replay.write(committed, tmp_path / "replayed.onnx")
+    replay.close()
+    assert out.read_bytes() == first
+    share = artefact_int8_share(out, spec.WEIGHT_OPS)
+    static_float = Builder(spec, path, progress=False, all_methods=False)
+    plain = static_float.write(replace(recipe, dynamic={}), tmp_path / "float.onnx")
+    static_float.close()
+    assert share == 1.0 > artefact_int8_share(plain, spec.WEIGHT_OPS)  # the activation product carries no weight
+
+
+def test_a_recipe_without_dynamic_nodes_is_committed_as_before():
+    r = Recipe(form="uint8", placement="inputs", float_nodes=["a"])
+    assert "dynamic" not in r.to_json() and Recipe.from_json(r.to_json()) == r
+    assert r.describe().endswith("+1 float")
+    d = Recipe(form="uint8", placement="inputs", float_nodes=["a", "b"]).with_dynamic("token-g4", ["a"])
+    assert d.to_json()["dynamic"] == {"scheme": "token-g4", "nodes": ["a"]}
+    assert d.describe().endswith("+1 float +1 token-g4")
+
+
+def _scripted_speed(faster: str | None):
+    """A candidate's speed as the gate would measure it, scripted: `faster` (a scheme, or None: float) wins."""
+
+    def speed(self, r):
+        name = r.dynamic.get("scheme")
+        x = 2.0 if name == faster else 1.5 if name is None else 1.2
+        return {"int8_speedup": x, "speedup_batch8": x, "speedup_lo_batch8": x, "speedup_hi_batch8": x,
+                "int8_speedup_lo": x}
+
+    return speed
+
+
+@pytest.mark.parametrize("faster", [*granularity.SCHEMES, None])
+def test_the_served_search_keeps_a_finer_granularity_only_where_it_holds_and_is_faster(model, monkeypatch, faster):
+    """A real search on the model (real quantization and accuracy on the validation and test splits); only the
+    timing is scripted, so which candidate is faster is known."""
+    path, outlier, _ = model
+    monkeypatch.setattr(search.Search, "candidate_speed", _scripted_speed(faster))
+    monkeypatch.setattr(search.Search, "speed_ceiling", lambda self, start=None: None)
+    monkeypatch.setattr(search, "speedup", lambda *a, **k: {"int8_speedup": 1.5})  # the starts' quick timings
+    s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
+    result = s.run()
+    granular = [st for st in result.steps if st.stage == "granular"]
+    assert {st.change.split(" as ")[1] for st in granular} == set(granularity.SCHEMES)
+    assert all(st.passed for st in granular), [(st.change, st.metrics) for st in granular]
+    assert result.passed and outlier in result.recipe.float_nodes
+    if faster is None:
+        assert result.recipe.dynamic == {}
+    else:
+        assert result.recipe.dynamic == {"scheme": faster, "nodes": [outlier]}
+
+
+def test_the_tensorrt_form_never_takes_a_runtime_quantized_node(model):
+    """TensorRT runs explicit symmetric Q/DQ only: its search (no speed gate) offers no scheme, where the served
+    form's offers both for the same candidate."""
+    path, outlier, activation = model
+    r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation])
+    trt = search.Search(MatMulSpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    assert trt.granular(r) == []
+    served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    served.candidate_speed = lambda g: {"int8_speedup": 1.0}
+    assert [g.dynamic["scheme"] for g, _ in served.granular(r)] == list(granularity.SCHEMES)
+
+
+def test_an_unknown_scheme_is_a_typed_error_naming_the_field():
+    from tritonkit.errors import QuantizationError
+
+    with pytest.raises(QuantizationError, match=r"dynamic\.scheme"):
+        granularity.apply(onnx.ModelProto(), "per-tensor", ["a"])
+
