@@ -189,3 +189,35 @@ def test_an_unknown_scheme_is_a_typed_error_naming_the_field():
     with pytest.raises(QuantizationError, match=r"dynamic\.scheme"):
         granularity.apply(onnx.ModelProto(), "per-tensor", ["a"])
 
+
+
+def test_nbits_sums_int8_products_exactly_on_this_cpu():
+    """The search judges `nbits8-b32` in the arithmetic its session computes on this CPU. onnxruntime's u8s8 GEMM
+    without VNNI adds pairs of products in a saturating int16; were these kernels to, a judgement would hold on
+    this class only. Activations at +-127 per block (their scale 1, codes exact) against weights at the code
+    extremes: every pair sum is as large as int8 products get."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = 2 * granularity.BLOCK, 8
+    w = np.where(np.arange(n) % 2, -1.0, 1.0).astype(np.float32)[None, :].repeat(k, 0)
+    w[:, 2] = np.linspace(-1, 1, k)  # one column of mixed codes
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = granularity.nbits(model, ["mm"])
+    node = next(x for x in model.graph.node if x.op_type == "MatMulNBits")
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    codes = inits[node.input[1]].reshape(n, k).astype(np.float64) - 128  # 8-bit symmetric: zero point 128
+    scales = inits[node.input[2]].reshape(n, k // granularity.BLOCK).astype(np.float64)
+    w_deq = (codes * np.repeat(scales, granularity.BLOCK, 1)).T
+    rng = np.random.default_rng(0)
+    x = np.full((5, k), 127.0)
+    x[1] = -127.0
+    x[2, ::2] = -127.0
+    x[3:] = rng.integers(-127, 128, (2, k))
+    x[3:, :: granularity.BLOCK] = 127.0  # each block's max |x| is 127: scale 1, codes exact
+    got = session(model, 1, exact=True).run(None, {"x": x.astype(np.float32)})[0]
+    ref = x @ w_deq
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3 * np.abs(ref).max())

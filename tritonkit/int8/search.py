@@ -109,6 +109,7 @@ class Search(Planner, Fallbacks):
                                name=f"{spec.NAME}-{'served' if check_speed else 'tensorrt'}")  # as replays name it
         self._judged = False  # the committed candidate was measured: no start must run whatever the budget
         self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
+        self._granular_tried: set[str] = set()  # recipes whose float MatMuls were tried at a finer granularity
         self.probed = probed or ProbeTimings({})  # what the speed probe timed (speed_probe fills its own)
         self._ceiling_timed: dict[str, float] | None = None  # speed_ceiling's last timings
         self._row_s: float | None = None  # FP32 seconds a row (floor.row_seconds), where a deferred floor is priced
@@ -381,8 +382,9 @@ class Search(Planner, Fallbacks):
         Q/DQ, so it never takes one."""
         from tritonkit.int8 import granularity
 
-        if not self.check_speed or r.dynamic:
-            return []
+        if not self.check_speed or r.dynamic or _key(r) in self._granular_tried:
+            return []  # a recipe found twice (committed, then the prior) competes with its variants once
+        self._granular_tried.add(_key(r))
         model = self.build(r)
         found = []
         for name in granularity.SCHEMES:
