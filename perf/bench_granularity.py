@@ -51,7 +51,7 @@ def rewrite(src: Path, out: Path, how) -> int:
 
 
 def _k(model: onnx.ModelProto, node: str) -> int:
-    weights = {i.name: i.dims[0] for i in model.graph.initializer}
+    weights = {i.name: i.dims[0] for i in model.graph.initializer if i.dims}
     return next(weights[n.input[1]] for n in model.graph.node if n.name == node)
 
 
