@@ -36,29 +36,18 @@ from tritonkit.perf.baselines import onnx_file
 TIMED_BATCHES = 6
 
 
-def float_matmuls(model: onnx.ModelProto) -> list[str]:
-    weights = {i.name for i in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-
-
 def rewrite(src: Path, out: Path, how) -> int:
     """`src` with its float MatMuls that `how(model, nodes)` can take rewritten; how many it took."""
     model = onnx.load(str(src))
-    names = float_matmuls(model)
-    before = len(names)
+    names = granularity.weighted_matmuls(model)
     onnx.save(how(model, names), str(out))
-    return before - len(float_matmuls(onnx.load(str(out))))
-
-
-def _k(model: onnx.ModelProto, node: str) -> int:
-    weights = {i.name: i.dims[0] for i in model.graph.initializer if i.dims}
-    return next(weights[n.input[1]] for n in model.graph.node if n.name == node)
+    return len(names) - len(granularity.weighted_matmuls(onnx.load(str(out))))
 
 
 def per_tensor(src: Path, out: Path) -> int:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    names = float_matmuls(onnx.load(str(src)))
+    names = granularity.weighted_matmuls(onnx.load(str(src)))
     quantize_dynamic(str(src), str(out), nodes_to_quantize=names, weight_type=QuantType.QInt8, per_channel=True,
                      op_types_to_quantize=["MatMul"], extra_options={"MatMulConstBOnly": True})
     return len(names)
@@ -78,8 +67,8 @@ def main() -> None:
         n = rewrite(int8, out / "nbits.onnx", granularity.nbits)
         files[f"{n} as MatMulNBits 8-bit, blocks of 32"] = out / "nbits.onnx"
         for g in (1, *args.groups):
-            n = rewrite(int8, out / f"g{g}.onnx", lambda m, names, g=g: granularity.token_groups(
-                m, [x for x in names if _k(m, x) % g == 0], g))
+            n = rewrite(int8, out / f"g{g}.onnx", lambda m, _names, g=g: granularity.token_groups(
+                m, granularity.weighted_matmuls(m, multiple_of=g), g))
             files[f"{n} per token" + (f" x {g} groups" if g > 1 else "")] = out / f"g{g}.onnx"
         n = per_tensor(int8, out / "tensor.onnx")
         files[f"{n} per tensor"] = out / "tensor.onnx"

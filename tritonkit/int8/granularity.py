@@ -18,54 +18,48 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Scheme:
-    name: str
-    about: str  # a line for reports
-
-
-NBITS = Scheme("nbits8-b32", "MatMulNBits, 8-bit weights, activations per block of 32")
-TOKEN_GROUPS = Scheme("token-g4", "MatMulInteger, activations per token and per 4 groups of K")
-SCHEMES = {s.name: s for s in (NBITS, TOKEN_GROUPS)}
+NBITS, TOKEN_GROUPS = "nbits8-b32", "token-g4"
+SCHEMES = (NBITS, TOKEN_GROUPS)  # in the order a search tries them
 BLOCK = 32  # nbits8-b32's block along K (onnxruntime's default; 16 gained nothing on AVX2)
 GROUPS = 4  # token-g4's groups: per token alone missed MiniLM's cosine gate, 12 groups ran 0.74x (AVX2)
 
 
-def scheme(name: str) -> Scheme:
-    from tritonkit.errors import QuantizationError
-
-    if name not in SCHEMES:
-        raise QuantizationError(f"recipe dynamic.scheme: '{name}' is not one of {', '.join(SCHEMES)}")
-    return SCHEMES[name]
-
-
-def eligible(model, nodes: Sequence[str], name: str) -> list[str]:
-    """Of `nodes` (a recipe's float nodes), the float MatMuls on a constant 2-D weight that scheme `name` can run,
-    in graph order (attention's activation x activation products have no weight to quantize ahead)."""
-    wanted, shapes = set(nodes), {i.name: tuple(i.dims) for i in model.graph.initializer}
+def weighted_matmuls(model, nodes: Sequence[str] | None = None, multiple_of: int = 1) -> list[str]:
+    """The MatMuls of `model` on a constant 2-D weight whose rows (K) are a multiple of `multiple_of`, in graph
+    order, of `nodes` only where given (attention's activation x activation products have no weight to quantize
+    ahead)."""
+    wanted, shapes = None if nodes is None else set(nodes), {i.name: tuple(i.dims) for i in model.graph.initializer}
     out = []
     for n in model.graph.node:
         dims = shapes.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
-        if n.name not in wanted or dims is None or len(dims) != 2:
-            continue
-        k = dims[0]
-        if (name == NBITS.name and k % BLOCK) or (name == TOKEN_GROUPS.name and k % GROUPS):
+        if (wanted is not None and n.name not in wanted) or dims is None or len(dims) != 2 or dims[0] % multiple_of:
             continue
         out.append(n.name)
     return out
 
 
+def eligible(model, nodes: Sequence[str], name: str) -> list[str]:
+    """Of `nodes` (a recipe's float nodes), those scheme `name` can run."""
+    return weighted_matmuls(model, nodes, BLOCK if _checked(name) == NBITS else GROUPS)
+
+
+def _checked(name: str) -> str:
+    from tritonkit.errors import QuantizationError
+
+    if name not in SCHEMES:
+        raise QuantizationError(f"recipe dynamic.scheme: '{name}' is not one of {', '.join(SCHEMES)}")
+    return name
+
+
 def apply(model, name: str, nodes: Sequence[str]):
     """`model` (a ModelProto, changed in place and returned) with `nodes` rewritten by scheme `name`."""
-    scheme(name)
+    _checked(name)
     if not nodes:
         return model
-    if name == NBITS.name:
+    if name == NBITS:
         return nbits(model, nodes)
     return token_groups(model, nodes, GROUPS)
 

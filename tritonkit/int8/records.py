@@ -5,7 +5,7 @@ them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -59,8 +59,6 @@ class Recipe:
 
     def with_dynamic(self, scheme: str, nodes: Sequence[str]) -> Recipe:
         """This recipe with `nodes` (of its float nodes) quantized at run time by `scheme`."""
-        from dataclasses import replace
-
         return replace(self, dynamic={"scheme": scheme, "nodes": list(nodes)} if nodes else {})
 
     def to_quant(self, weight_ops: Sequence[str], name: str = "searched") -> QuantRecipe:
