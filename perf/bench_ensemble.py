@@ -39,7 +39,7 @@ from tritonkit.perf.analyzer import (
     save_results,
     write_input_data,
 )
-from tritonkit.perf.lab import _text_rows, _token_rows
+from tritonkit.perf.lab import benchmark_text_rows, benchmark_token_rows
 from tritonkit.repository import variants as rv
 from tritonkit.repository.config import to_pbtxt
 from tritonkit.runtime.server import TritonServer
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[PerfPoint]] = {w.key: [] for w in workloads}
     waste: dict[str, list[dict]] = {w.key: [] for w in workloads}
     with tempfile.TemporaryDirectory(prefix="tritonkit-ensemble-") as tmp:
-        text_data = write_input_data(Path(tmp) / "text.json", _text_rows())
-        token_data = write_input_data(Path(tmp) / "tokens.json", _token_rows())
+        text_data = write_input_data(Path(tmp) / "text.json", benchmark_text_rows())
+        token_data = write_input_data(Path(tmp) / "tokens.json", benchmark_token_rows())
         repo = make_repository(args.repository, Path(tmp) / "repo")
         server = TritonServer.on_free_ports(model_repository=repo, model_control_mode="explicit",
                                             models=sorted({w.model for w in workloads}))

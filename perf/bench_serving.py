@@ -1,7 +1,7 @@
 """Where a served pipeline's CPU goes, and what its serving choices are worth, in one run.
 
     python perf/bench_serving.py [--model text_embedding|image_classification] [--seconds 10] [--repeats 3]
-                                 [--variants generated buckets ...]
+                                 [--variants generated buckets ...] [--profile-stubs]
 
 Each variant is a scratch model repository holding the spec's ensemble, its preprocessor and its INT8 model
 (version directories linked, configs copied and edited through Triton's own schema), served by a fresh
@@ -11,8 +11,10 @@ tritonserver and driven closed-loop by 16 callers: texts by wrk, the perf lab's 
 stub, the load generator) is read from /proc (tritonkit.perf.load, as the soak does), and the server's PSS after
 it. For text, the server's CPU per text (every tritonserver process) is set against the same INT8 file run in this
 process on the runtime and parameters of the encoder's config, tokenize + pack + run, at the batch sizes the server
-ran (Triton's batch statistics) in the same proportions. Variants are interleaved; the median of the repeats is
-printed.
+ran (Triton's batch statistics) in the same proportions. `--profile-stubs` samples every Python stub with py-spy
+while the load runs (tritonkit.perf.stubprofile) and adds each stage's share of the stubs' samples: the runtime's
+run call, tokenization, packing, image decoding, tensor helpers, the rest of the stub's Python, its C++ (shared
+memory hand-offs). Variants are interleaved; the median of the repeats is printed.
 
 Text variants (the encoder's config):
   generated    the configs as `python -m tritonkit.repository.generate` writes them
@@ -52,7 +54,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import data, kinds, paths
 from tritonkit.kinds.text import OUTPUT
-from tritonkit.perf import lab, load, peers, stats
+from tritonkit.perf import lab, load, peers, stats, stubprofile
 from tritonkit.perf.analyzer import cpu_ms_per_item
 from tritonkit.repository import variants as rv
 from tritonkit.runtime.server import TritonServer
@@ -205,7 +207,8 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     return cpu_ms_per_item(run, calls, seconds)
 
 
-def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False) -> dict[str, float]:
+def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False, profile: bool = False
+            ) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, \
             TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused),
                                        models=loaded(kind, fused)) as server:
@@ -223,7 +226,12 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
             return cpu
 
         before, mine, wall = snapshot(), os.times(), os.times().elapsed
-        rate, p50, p99 = drive(seconds)
+        if profile:  # py-spy on every stub for all but the run's last second (its callers' last requests)
+            pids = {f"{model} {instance}": pid for instance, (pid, model) in server.stub_processes().items()}
+            with stubprofile.Recording(pids, seconds - 1) as recording:
+                rate, p50, p99 = drive(seconds)
+        else:
+            rate, p50, p99 = drive(seconds)
         after, mine_after, wall = snapshot(), os.times(), os.times().elapsed - wall
         counts = (stats.read(server.http_url, [compute_model])[compute_model] - counts_before).batches
         memory = load.group_memory(server.process.pid)
@@ -235,6 +243,8 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
     out["PSS MiB"] = memory["pss_mib"]  # every process of the server, after the run
     counts = {b: n for b, n in counts.items() if n > 0}
     out["mean batch"] = sum(b * n for b, n in counts.items()) / max(1, sum(counts.values()))
+    if profile:
+        out.update({f"stubs: {stage} %": 100 * share for stage, share in recording.shares().items()})
     if unit == "texts":  # every tritonserver process against the same file run in-process at the same batch sizes
         server_ms = 1000 * sum(v - before.get(k, 0.0) for k, v in after.items()) / (rate * wall)
         out["server CPU ms/text"] = server_ms
@@ -249,7 +259,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", help="a subset of the variants named in the docstring")
+    parser.add_argument("--profile-stubs", action="store_true",
+                        help="sample every stub with py-spy while it runs: the share of each stage")
     args = parser.parse_args()
+    if args.profile_stubs and stubprofile.executable() is None:
+        parser.error("--profile-stubs needs py-spy (requirements.txt)")
     kind, unit = kinds.get(args.model), lab.pipeline(args.model).unit
     items = data.split("benchmark") if unit == "texts" else load.real_images()
     variants = {n: e for n, e in VARIANTS[unit].items() if (n in args.variants if args.variants else True)
@@ -257,7 +271,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for _ in range(args.repeats):
         for name, edit in variants.items():
-            runs[name].append(measure(kind, unit, edit, items, args.seconds, fused=name.startswith(FUSED)))
+            runs[name].append(measure(kind, unit, edit, items, args.seconds, fused=name.startswith(FUSED),
+                                      profile=args.profile_stubs))
     keys = list(dict.fromkeys(k for rs in runs.values() for r in rs for k in r))
     print(f"{args.model} served, 16 callers, median of {args.repeats} interleaved repeats of "
           f"{args.seconds:g} s, {os.cpu_count()} cores")

@@ -114,10 +114,10 @@ def token_groups(model, nodes: Sequence[str], groups: int = GROUPS):
         k, cols = w.shape[0] // groups, w.shape[1]
         w_scale = (np.maximum(np.abs(w).max(0), 1e-12) / 127.0).astype(np.float32)
         wq = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8).reshape(groups, k, cols)
-        p = n.name.replace("/", "_") + "_g"
+        p = f"{n.name}/{TOKEN_GROUPS}/"  # under the node's name, as are the helper nodes below
         x = n.input[0]
         zero, top = const(p + "0", np.float32(0)), const(p + "255", np.float32(255))
-        rewritten += [
+        parts = [
             oh.make_node("Shape", [x], [p + "shape"]),
             oh.make_node("Reshape", [x, const(p + "rows", np.array([-1, groups, k], np.int64))], [p + "x3"]),
             oh.make_node("Transpose", [p + "x3"], [p + "xg"], perm=[1, 0, 2]),
@@ -153,6 +153,9 @@ def token_groups(model, nodes: Sequence[str], groups: int = GROUPS):
                          axis=0),
             oh.make_node("Reshape", [p + "y", p + "out_shape"], [n.output[0]]),
         ]
+        for j, part in enumerate(parts):  # named under the node, so a profile counts them as its cost
+            part.name = part.name or f"{n.name}/{TOKEN_GROUPS}/{part.op_type}_{j}"
+        rewritten += parts
     used = {i for n in rewritten for i in n.input}
     replaced = {n.input[1] for n in graph.node if n.name in targets} - used  # float weights no node reads now
     kept = [i for i in graph.initializer if i.name not in replaced]

@@ -84,14 +84,14 @@ def _b64_bytes_rows(name: str, items: Sequence[bytes]) -> list[dict]:
     return [{name: {"b64": base64.b64encode(struct.pack("<I", len(b)) + b).decode(), "shape": [1]}} for b in items]
 
 
-def _text_rows() -> list[dict]:
+def benchmark_text_rows() -> list[dict]:
     from tritonkit import data
     from tritonkit.perf.analyzer import text_rows
 
     return text_rows(data.split("benchmark"))
 
 
-def _token_rows(name: str = "text_embedding") -> list[dict]:
+def benchmark_token_rows(name: str = "text_embedding") -> list[dict]:
     from tritonkit import data, kinds
 
     rows = []
@@ -281,12 +281,12 @@ def pipeline(name: str) -> Pipeline:
     served = served_label(kind.NAME)  # "INT8", or "FP32 fallback" where the search found no passing INT8 model
     if kind.spec.kind == "text-embedding":
         workloads = [
-            Workload(n, f"{n} ({served} ensemble)", _text_rows, (pre, int8), True),
-            Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", _text_rows, (pre, fp32), True, full_only=True),
-            *([Workload(f"{n}_fused", f"{n}_fused ({served}, one stub)", _text_rows, (f"{n}_fused",), True)]
+            Workload(n, f"{n} ({served} ensemble)", benchmark_text_rows, (pre, int8), True),
+            Workload(f"{n}_fp32", f"{n}_fp32 (FP32 ensemble)", benchmark_text_rows, (pre, fp32), True, full_only=True),
+            *([Workload(f"{n}_fused", f"{n}_fused ({served}, one stub)", benchmark_text_rows, (f"{n}_fused",), True)]
               if kind.spec.serving.fused else []),
-            Workload(pre, f"{pre} alone", _text_rows, (pre,)),
-            Workload(int8, f"{int8} alone (pre-tokenized)", partial(_token_rows, n), (int8,)),
+            Workload(pre, f"{pre} alone", benchmark_text_rows, (pre,)),
+            Workload(int8, f"{int8} alone (pre-tokenized)", partial(benchmark_token_rows, n), (int8,)),
         ]
         return Pipeline(n, "texts", workloads, partial(_text_contenders, n))
     workloads = [

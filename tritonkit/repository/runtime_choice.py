@@ -167,7 +167,7 @@ def _output(kind) -> str:
     return getattr(kind, "OUTPUT", None) or kind.OUTPUTS[0]
 
 
-def _feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndarray]]:
+def served_feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndarray]]:
     """MIXES batches of `batch` random benchmark texts (fixed seed), as the served backend would feed `variant`."""
     from tritonkit import data
 
@@ -217,7 +217,7 @@ def time_variants(kind, path: Path, variants, batches, threads: int, repeats: in
     out: dict[str, dict[str, float]] = {v: {} for v in runners}
     names = [_output(kind)]
     for i, batch in enumerate(batches):
-        feeds = {v: _feeds(kind, path, batch, v) for v in runners}
+        feeds = {v: served_feeds(kind, path, batch, v) for v in runners}
         available = min(len(f) for f in feeds.values())  # a kind without texts times one batch
         warmed, per_mix = min(sample_mixes, available), {}
         for v, session in runners.items():  # every shape timed runs once before: the server's steady state
@@ -302,7 +302,8 @@ def worst_cosine(a, b, output: str, feeds: list[dict]) -> float:
 def exact_agreement(kind, path: Path, variant: str, threads: int) -> float:
     """worst_cosine of `path` run as `variant` against its exact int32 arithmetic, on served-like batches."""
     got = open_variant(variant, path, threads, kind.spec.serving.max_batch_size)
-    feeds = _feeds(kind, path, 8, variant)[:4] if path.name.endswith(".packed.onnx") else kind.eval_batches("test")[:2]
+    packed = path.name.endswith(".packed.onnx")
+    feeds = served_feeds(kind, path, 8, variant)[:4] if packed else kind.eval_batches("test")[:2]
     return worst_cosine(got, ExactSession(path), _output(kind), feeds)
 
 
