@@ -28,6 +28,7 @@ from tritonkit.int8 import pipeline
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, DEFAULT_BUDGET_S, Budget
 from tritonkit.int8.decide import Outcome
 from tritonkit.int8.recipe import FALLBACK, FORMS
+from tritonkit.int8.report import refresh_floor
 
 REPORTS = paths.REPORTS
 
@@ -194,6 +195,9 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     budget = Budget.of(search_budget_s, start=t0) if searched else None
     runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
                           log=_log, budget=budget, gates=served.gates)
+    for outcome in outcomes:  # the packed proof or the runtime choice may have measured a floor a report deferred
+        if refresh_floor(kind, outcome.form, outcome.gates):
+            _log(f"{kind.NAME}: {outcome.form} form's report now shows the floor measured after it was written")
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
     if searched:
