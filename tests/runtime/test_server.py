@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.tiny_models import B, W
+from tritonkit.errors import ServerStartError
 from tritonkit.perf import stats
 from tritonkit.perf.analyzer import metrics_counters
 from tritonkit.runtime.server import TritonServer
@@ -217,6 +218,9 @@ def test_stop_leaves_no_stub_processes(start_server, smoke_repository):
     server = start_server(smoke_repository, models=["smoke_linear"], model_control_mode="explicit")
     pgid = server.process.pid
     assert _group_members(pgid) > 1  # server + its stubs
+    with pytest.raises(ServerStartError, match="already running"):  # a second start would orphan this one
+        server.start()
+    assert server.process.pid == pgid
     assert server.stop() == 0
     assert _group_members(pgid) == 0
 

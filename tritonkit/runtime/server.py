@@ -225,6 +225,9 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
+        if self.process is not None and self.process.poll() is None:  # a second process would orphan the first
+            raise ServerStartError(f"tritonserver is already running (pid {self.process.pid}): stop() it first; "
+                                   "`with TritonServer(...)` starts it already")
         prepare_backend_dir(Path(self.backend_dir))
         from tritonkit.repository.native_check import embedded_models
 
