@@ -56,6 +56,8 @@ def _groups(prof: layers.Profile) -> dict[str, set[str]]:
 
 def test_weighted_nodes_follow_constant_weights_through_dequantize():
     assert layers.weighted_nodes(_model()) == {"float", "int8"}
+    # Attention: the activation product, its Softmax and what reads them (OpenVINO names a fused block after it).
+    assert layers.attention_nodes(_model()) == {"scores", "softmax"}
 
 
 def test_onnxruntime_profile_puts_each_node_in_its_group(tmp_path):
@@ -105,3 +107,7 @@ def test_kernel_names_say_openvino_precision():
     assert layers.ov_group("Convolution", "jit_avx2_u8") == layers.INT8_LINEAR
     assert layers.ov_group("MatMul", "brgemm_avx512_bf16") == layers.ATTENTION
     assert layers.ov_group("Eltwise", "jit_avx2_FP32") == layers.OTHER
+    # A Snippets block named after an attention node is attention; a weighted layer keeps its precision's group.
+    assert layers.ov_group("Subgraph", "jit_avx2_f32") == layers.OTHER
+    assert layers.ov_group("Subgraph", "jit_avx2_f32", attention=True) == layers.ATTENTION
+    assert layers.ov_group("FullyConnected", "jit_gemm_I8", attention=True) == layers.INT8_LINEAR

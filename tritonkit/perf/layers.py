@@ -6,7 +6,8 @@
 
 ONNX Runtime's session profiler (`enable_profiling`: one event per kernel run, named after the ONNX node the
 kernel came from) or OpenVINO's per-layer counters (`PERF_COUNT`: layer type and the kernel it ran, whose name says
-its precision), on the session options or compile properties the variant is served with. Each node's time falls in
+its precision; a fused attention block, a Snippets `Subgraph`, is named after its last node), on the session
+options or compile properties the variant is served with. Each node's time falls in
 one group, so two files of one model (the served INT8 file, a rewrite of its float nodes, the FP32 file) compare
 group by group: what the float nodes an INT8 recipe keeps cost, and what turning them INT8 saves.
 """
@@ -90,6 +91,16 @@ def weighted_nodes(model) -> set[str]:
             if n.op_type in ("MatMul", "Gemm", "Conv", "MatMulNBits") and len(n.input) > 1 and n.input[1] in constant}
 
 
+def attention_nodes(model) -> set[str]:
+    """Names of `model`'s attention nodes (activation x activation MatMuls, Softmax) and of the nodes reading their
+    outputs: OpenVINO names a fused attention block (a Snippets `Subgraph`) after its last node."""
+    weighted = weighted_nodes(model)
+    core = [n for n in model.graph.node
+            if n.op_type == "Softmax" or (n.op_type == "MatMul" and n.name not in weighted)]
+    outputs = {o for n in core for o in n.output}
+    return {n.name for n in core} | {n.name for n in model.graph.node if any(i in outputs for i in n.input)}
+
+
 def ort_group(op: str, node: str | None, weighted: set[str], runtime: set[str] = frozenset()) -> str:
     """The group of an onnxruntime kernel `op` that ran for ONNX node `node` (None: a node its fusions made);
     `runtime`: the nodes whose activations are quantized at run time, whose helper nodes are named under them
@@ -107,8 +118,11 @@ def ort_group(op: str, node: str | None, weighted: set[str], runtime: set[str] =
     return ATTENTION if op == "Softmax" else OTHER
 
 
-def ov_group(layer_type: str, kernel: str) -> str:
-    """The group of an OpenVINO layer; its kernel name carries the precision it ran in (`..._I8`, `..._bf16`)."""
+def ov_group(layer_type: str, kernel: str, attention: bool = False) -> str:
+    """The group of an OpenVINO layer; its kernel name carries the precision it ran in (`..._I8`, `..._bf16`).
+    `attention`: the layer is named after an attention node (`attention_nodes`), as a fused attention block is."""
+    if attention and layer_type not in _OV_WEIGHTED:
+        return ATTENTION
     if layer_type in _OV_WEIGHTED:
         return INT8_LINEAR if any(p in kernel.lower() for p in ("i8", "u8")) else FLOAT_LINEAR
     if layer_type in _OV_ATTENTION:
@@ -172,8 +186,11 @@ def _ort(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[Layer
 
 
 def _openvino(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[LayerTime, ...]:
+    import onnx
+
     from tritonkit.serving.runtimes import openvino_core, openvino_properties
 
+    attention = attention_nodes(onnx.load(str(path), load_external_data=False))
     compiled = openvino_core().compile_model(str(path), "CPU", {**openvino_properties(config), "PERF_COUNT": True})
     request = compiled.create_infer_request()
     inputs = {name for port in compiled.inputs for name in port.get_names()}
@@ -187,5 +204,5 @@ def _openvino(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[
             us = layer.real_time.total_seconds() * 1e6
             if us > 0:
                 spent[layer.node_name, layer.node_type, layer.exec_type] += us
-    return tuple(LayerTime(name, f"{layer_type}/{kernel}", ov_group(layer_type, kernel), us / calls)
+    return tuple(LayerTime(name, f"{layer_type}/{kernel}", ov_group(layer_type, kernel, name in attention), us / calls)
                  for (name, layer_type, kernel), us in spent.items())
