@@ -42,6 +42,7 @@ Image variants (the classifier's config, and the preprocessor's where named):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -226,11 +227,9 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
             return cpu
 
         before, mine, wall = snapshot(), os.times(), os.times().elapsed
-        if profile:  # py-spy on every stub for all but the run's last second (its callers' last requests)
-            pids = {f"{model} {instance}": pid for instance, (pid, model) in server.stub_processes().items()}
-            with stubprofile.Recording(pids, seconds - 1) as recording:
-                rate, p50, p99 = drive(seconds)
-        else:
+        # --profile-stubs: py-spy on every stub for all but the run's last second (its callers' last requests)
+        pids = {f"{model} {instance}": pid for instance, (pid, model) in server.stub_processes().items()}
+        with stubprofile.Recording(pids, seconds - 1) if profile else contextlib.nullcontext() as recording:
             rate, p50, p99 = drive(seconds)
         after, mine_after, wall = snapshot(), os.times(), os.times().elapsed - wall
         counts = (stats.read(server.http_url, [compute_model])[compute_model] - counts_before).batches

@@ -81,14 +81,11 @@ def median(profiles: list[Profile]) -> Profile:
 
 
 def weighted_nodes(model) -> set[str]:
-    """Names of `model`'s MatMul/Gemm/Conv nodes whose weight (second input) is constant: an initializer, or
-    computed from initializers alone (a DequantizeLinear of INT8 weights)."""
-    constant = {i.name for i in model.graph.initializer}
-    for node in model.graph.node:  # topological order
-        if node.op_type == "Constant" or (node.input and all(not i or i in constant for i in node.input)):
-            constant.update(node.output)
-    return {n.name for n in model.graph.node
-            if n.op_type in ("MatMul", "Gemm", "Conv", "MatMulNBits") and len(n.input) > 1 and n.input[1] in constant}
+    """Names of `model`'s MatMul/Gemm/Conv nodes on a constant weight (an initializer, or one through
+    DequantizeLinear), as the INT8 share counts them (tritonkit.int8.checks.weight_macs)."""
+    from tritonkit.int8.checks import weight_macs
+
+    return set(weight_macs(model, ("MatMul", "Gemm", "Conv")))
 
 
 def attention_nodes(model) -> set[str]:

@@ -1,6 +1,7 @@
 """Where Triton's Python stubs spend their time: py-spy samples of their stacks, each sample put in one stage.
 
-    with stubprofile.Recording(server.stub_processes(), seconds=8):
+    pids = {instance: pid for instance, (pid, _model) in server.stub_processes().items()}
+    with stubprofile.Recording(pids, seconds=8) as recording:
         drive_load()
     shares = recording.shares()   # {"runtime": 0.89, "tokenize": 0.02, ...}
 
