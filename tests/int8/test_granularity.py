@@ -151,12 +151,33 @@ def _scripted_speed(faster: str | None):
     return speed
 
 
+def _scripted_race(faster: str | None, alike_to_fp32: bool = False):
+    """Search.race_parent, scripted from the same table: the rivals' ratio over their parent is the two ratios'
+    quotient. `alike_to_fp32`: every file's ratio to FP32 is the same (the schemes' look faster only head to head
+    where they are)."""
+    speed = _scripted_speed(faster)
+
+    def race_parent(self, r, rivals):
+        parent = speed(self, r)
+        out = [parent]
+        for g in rivals:
+            s = dict(speed(self, g))
+            s["over_parent_lo"] = s["int8_speedup"] / parent["int8_speedup"]
+            if alike_to_fp32:
+                s.update({k: v for k, v in parent.items() if k.startswith(("int8_speedup", "speedup"))})
+            out.append(s)
+        return out
+
+    return race_parent
+
+
 @pytest.mark.parametrize("faster", [*granularity.SCHEMES, None])
 def test_the_served_search_keeps_a_finer_granularity_only_where_it_holds_and_is_faster(model, monkeypatch, faster):
     """A real search on the model (real quantization and accuracy on the validation and test splits); only the
     timing is scripted, so which candidate is faster is known."""
     path, outlier, _ = model
     monkeypatch.setattr(search.Search, "candidate_speed", _scripted_speed(faster))
+    monkeypatch.setattr(search.Search, "race_parent", _scripted_race(faster))
     monkeypatch.setattr(search.Search, "speed_ceiling", lambda self, start=None: None)
     monkeypatch.setattr(search, "speedup", lambda *a, **k: {"int8_speedup": 1.5})  # the starts' quick timings
     s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
@@ -177,10 +198,57 @@ def test_the_tensorrt_form_never_takes_a_runtime_quantized_node(model):
     path, outlier, activation = model
     r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation])
     trt = search.Search(MatMulSpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
-    assert trt.granular(r) == []
+    assert trt.granular((r, {})) == [(r, {})]
     served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    served.candidate_speed = lambda g: {"int8_speedup": 1.0}
-    assert [g.dynamic["scheme"] for g, _ in served.granular(r)] == list(granularity.SCHEMES)
+    served.race_parent = lambda parent, rivals: [{"int8_speedup": 1.0}] + [{"over_parent_lo": 1.1}] * len(rivals)
+    offered = served.granular((r, {"int8_speedup": 0.9}))
+    assert [g.dynamic.get("scheme") for g, _ in offered] == [None, *granularity.SCHEMES]
+    assert offered[0] == (r, {"int8_speedup": 1.0})  # the parent ranks by its time in the same race
+
+
+def test_a_scheme_is_offered_only_where_it_beats_its_parent_head_to_head(model):
+    """Both schemes hold, and (scripted) one beats its float parent in the race while the other does not; the one
+    that does not is dropped, and where none is offered the parent keeps its own timing."""
+    path, outlier, activation = model
+    r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation])
+    served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    winner = granularity.SCHEMES[1]
+    served.race_parent = _scripted_race(winner).__get__(served)
+    assert [g.dynamic.get("scheme") for g, _ in served.granular((r, {"int8_speedup": 1.4}))] == [None, winner]
+    # The same verdicts with every ratio to FP32 alike: the head-to-head interval decides, not two runs' ratios.
+    again = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    again.race_parent = _scripted_race(winner, alike_to_fp32=True).__get__(again)
+    assert [g.dynamic.get("scheme") for g, _ in again.granular((r, {"int8_speedup": 1.4}))] == [None, winner]
+    slower = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    slower.race_parent = _scripted_race(None).__get__(slower)
+    assert slower.granular((r, {"int8_speedup": 1.4})) == [(r, {"int8_speedup": 1.4})]
+
+
+def test_a_race_times_the_parent_and_its_rivals_in_one_interleaved_run(model):
+    """The real timing (tritonkit.int8.speed.race) on the small model: every file has its ratio to FP32, each rival
+    its ratio over the parent, all from the same samples. Which is faster is not asserted (a benchmark's question)."""
+    from tritonkit.int8.speed import race
+
+    path, outlier, activation = model
+    spec = MatMulSpec()
+    builder = Builder(spec, path, progress=False, all_methods=False)
+    parent = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation])
+    rivals = {s: ("onnxruntime", builder.build(parent.with_dynamic(s, [outlier]))) for s in granularity.SCHEMES}
+    raced = race(spec, ("onnxruntime", path), ("onnxruntime", builder.build(parent)), rivals, (1, 8), repeats=3,
+                 min_sample_s=0.002)
+    builder.close()
+    assert set(raced) == {"parent", *granularity.SCHEMES}
+    for name, speed in raced.items():
+        for b in (1, 8):
+            assert 0 < speed[f"speedup_lo_batch{b}"] <= speed[f"speedup_hi_batch{b}"]
+            assert speed[f"fp32_ms_batch{b}"] == raced["parent"][f"fp32_ms_batch{b}"]  # one FP32 sample set
+            if name != "parent":
+                assert speed[f"over_parent_batch{b}"] == pytest.approx(
+                    raced["parent"][f"int8_ms_batch{b}"] / speed[f"int8_ms_batch{b}"])
+                assert speed[f"speed_samples_batch{b}"] == raced["parent"][f"speed_samples_batch{b}"]
+        assert speed["int8_speedup"] == min(speed["speedup_batch1"], speed["speedup_batch8"])
+        if name != "parent":
+            assert speed["over_parent_lo"] == min(speed["over_parent_lo_batch1"], speed["over_parent_lo_batch8"])
 
 
 def test_an_unknown_scheme_is_a_typed_error_naming_the_field():

@@ -60,20 +60,13 @@ def quantize_prepared(prepared: Prepared, ranges, recipe: QuantRecipe, excluded:
     extra = {"DedicatedQDQPair": True, **recipe.extra_options, **fixed}
     if not recipe.quantize_outputs and recipe.op_types:
         extra.setdefault("OpTypesToExcludeOutputQuantization", list(recipe.op_types))
+    # Every argument that shapes the weights' scales and zero points: (per_channel, reduce_range, weight type,
+    # activation type).
+    shaping = (recipe.per_channel, False, QuantType.QInt8, QuantType.QUInt8 if uint8 else QuantType.QInt8)
     # Candidates of one prepared graph share its weights: their scales and zero points are computed once.
-    key = (recipe.activation_type, recipe.per_channel, json.dumps(extra, sort_keys=True, default=str))
+    key = (*shaping, json.dumps(extra, sort_keys=True, default=str))
     quantizer = _cached_quantizer(QDQQuantizer, prepared.initializer_params.setdefault(key, {}), set(restore))(
-        model,
-        recipe.per_channel,
-        False,
-        QuantType.QInt8,
-        QuantType.QUInt8 if uint8 else QuantType.QInt8,
-        copy.deepcopy(ranges),
-        [],
-        excluded,
-        recipe.op_types or all_op_types(),
-        extra,
-    )
+        model, *shaping, copy.deepcopy(ranges), [], excluded, recipe.op_types or all_op_types(), extra)
     quantizer.quantize_model()
     quantizer.model.topological_sort()
     out = quantizer.model.model

@@ -42,7 +42,7 @@ from tritonkit.int8.records import ProbeTimings, Recipe, SearchResult, SearchSpe
 from tritonkit.int8.scoring import distortion, passes
 from tritonkit.int8.scoring import summary as _summary
 from tritonkit.int8.speed import describe as _speed
-from tritonkit.int8.speed import speedup
+from tritonkit.int8.speed import race, speedup
 from tritonkit.int8.units import families, group_units, quantizable_nodes
 from tritonkit.kinds.gates import Target
 from tritonkit.serving.runtimes import DEFAULT
@@ -374,19 +374,22 @@ class Search(Planner, Fallbacks):
             return None
         return r, self._time_candidate(r)
 
-    def granular(self, r: Recipe) -> list[tuple[Recipe, dict]]:
-        """`r` (a candidate that held every accuracy gate on the whole split) with its float MatMuls quantized at run
-        time instead, by each scheme in turn (tritonkit.int8.granularity), where that holds every gate on the whole
-        split and there is time to judge it: [(recipe, speed)], for the speed gate and the test split to choose among
-        with `r` (the fastest holding wins). The served form's step before float; TensorRT's form runs only explicit
-        Q/DQ, so it never takes one."""
+    def granular(self, timed: tuple[Recipe, dict]) -> list[tuple[Recipe, dict]]:
+        """A candidate that held every accuracy gate on the whole split, (recipe, speed), with its float MatMuls
+        quantized at run time instead, by each scheme in turn (tritonkit.int8.granularity), where that holds every
+        gate on the whole split and there is time to judge it. Those that hold race their parent head to head
+        (`race_parent`); one is offered only where it beats the parent beyond the noise at the slowest batch size.
+        Returns [(recipe, speed)]: the parent (its speed from the race where a scheme is offered) and those, for the
+        speed gate and the test split to choose among (the fastest holding wins). The served form's step before
+        float; TensorRT's form runs only explicit Q/DQ, so it never takes one."""
         from tritonkit.int8 import granularity
 
+        r = timed[0]
         if not self.check_speed or r.dynamic or _key(r) in self._granular_tried:
-            return []  # a recipe found twice (committed, then the prior) competes with its variants once
+            return [timed]  # a recipe found twice (committed, then the prior) competes with its variants once
         self._granular_tried.add(_key(r))
         model = self.build(r)
-        found = []
+        held = []
         for name in granularity.SCHEMES:
             nodes = granularity.eligible(model, r.float_nodes, name)
             if not nodes:
@@ -395,10 +398,35 @@ class Search(Planner, Fallbacks):
             # An option: skipped alone where it cannot also leave its timing's time.
             step = self.measure("granular", f"{len(nodes)} float MatMuls as {name}", g,
                                 ahead=self.estimate("speed") or 0.0)
-            if not _passed(step) or not self.fits("speed", g.describe(), self.estimate("speed"), ahead=0.0):
-                continue
-            found.append((g, self._time_candidate(g, "granular")))
-        return found
+            if _passed(step) and self.fits("speed", g.describe(), self.estimate("speed"), ahead=0.0):
+                held.append(g)
+        if not held:
+            return [timed]
+        t0 = time.perf_counter()
+        for g in held:
+            self._int8_variants[_key(g)] = self.int8_variant(g)
+        speeds = self.race_parent(r, held)
+        self._took("speed", (time.perf_counter() - t0) / len(held))
+        out = []
+        for g, speed in zip(held, speeds[1:], strict=True):
+            faster = speed.get("over_parent_lo", 0.0) > 1.0
+            self.log(f"  granular {g.describe()}: speed {_speed(speed)} (INT8 on {self._variants(g)[1]}); x"
+                     f"{speed.get('over_parent_lo', 0.0):.2f} and up over its parent head to head"
+                     + ("" if faster else ": not faster beyond the noise, not offered"))
+            if faster:
+                out.append((g, speed))
+        # Offered schemes rank against the parent's time from the same race; else its own timing stands.
+        return [(r, speeds[0]) if out else timed, *out]
+
+    def race_parent(self, r: Recipe, rivals: Sequence[Recipe]) -> list[dict[str, float]]:
+        """`r` and its `rivals` timed interleaved with FP32 in one run (tritonkit.int8.speed.race): [r's speed,
+        each rival's], the rivals' with their ratio over `r` (`over_parent*`)."""
+        fp32_variant, parent_variant = self._variants(r)
+        names = [f"rival{i}" for i in range(len(rivals))]
+        raced = race(self.spec, (fp32_variant, self.fp32), (parent_variant, self.build(r)),
+                     {n: (self._variants(g)[1], self.build(g)) for n, g in zip(names, rivals, strict=True)},
+                     self.spec.SPEED_BATCHES, separate_from=self.spec.SPEED_TARGET.value)
+        return [raced["parent"], *(raced[n] for n in names)]
 
     def _under_share(self, r: Recipe, what: str) -> bool:
         """Whether `r` leaves less of the compute in INT8 than the form's share allows (said): not worth judging."""
@@ -616,7 +644,7 @@ class Search(Planner, Fallbacks):
         slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
         first = self.committed_first()
         if first is not None:
-            self._sort_by_speed(ok, slow, failed, [first, *self.granular(first[0])])
+            self._sort_by_speed(ok, slow, failed, self.granular(first))
         tracks = self.start()
         ceiling = None if ok else self.speed_ceiling()
         if ceiling is not None:
@@ -661,7 +689,7 @@ class Search(Planner, Fallbacks):
                 # The scan and fallback would only look for fewer float nodes than the kind's shipped models kept:
                 # a passing prior ends the search (a 6-layer MiniLM cut: 43 s of fallbacks found nothing shorter).
                 self.log(f"  prior {found[0].describe()} holds every gate: the search ends with it (no scan)")
-                self._sort_by_speed(ok, slow, failed, [found, *self.granular(found[0])])
+                self._sort_by_speed(ok, slow, failed, self.granular(found))
                 break
             # The scan ranks units by their distance to the gates, and the fallbacks judge: by the floor's bounds.
             self.need_floor("the sensitivity scan ranks by the gates")
@@ -702,7 +730,7 @@ class Search(Planner, Fallbacks):
                     break
                 finals.append((recipe, self._time_candidate(recipe)))
             if finals:  # the first passing candidate's float MatMuls, at a finer granularity
-                finals += self.granular(finals[0][0])
+                finals[:1] = self.granular(finals[0])
             self._sort_by_speed(ok, slow, failed, finals)
             if ok:  # tracks run best first: the first that passes ends the search
                 break

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -80,40 +80,94 @@ def fp32_competitor(spec: SearchSpec, fp32: Path, served: str, min_gain: float, 
                                                            for k, v in timed.items() if k.startswith("speedup_batch")}}
 
 
-def _timed(spec: SearchSpec, sessions: dict, batches: Sequence[int], repeats: int, min_sample_s: float,
-           separate_from: float | None = None) -> dict[str, float]:
-    out: dict[str, float] = {}
+def race(spec: SearchSpec, fp32: tuple[str, Path], parent: tuple[str, object], rivals: Mapping[str, tuple[str, object]],
+         batches: Sequence[int], repeats: int = 7, min_sample_s: float = 0.02, separate_from: float | None = None
+         ) -> dict[str, dict[str, float]]:
+    """A float-bearing candidate (`parent`) and the `rivals` that change it, each (variant, file or ModelProto),
+    timed interleaved with the FP32 file in one run, so a rival is judged head to head with its parent, not by two
+    ratios to FP32 from two runs. Returns, by name ("parent" and each rival's), `speedup`'s keys against FP32, and
+    for each rival `over_parent*` keys: parent's time ÷ its time, with the interval, per batch size; `over_parent_lo`
+    is the slowest batch size's lower bound. Rounds are added until every rival's interval against its parent lies
+    off 1.0 (and, with `separate_from`, every file's against FP32 off that gate), or MAX_SPEED_ROUNDS are spent."""
+    with tempfile.TemporaryDirectory(prefix="tritonkit-race-") as tmp:
+        files = {"fp32": fp32, "parent": parent, **rivals}
+        sessions = {}
+        for k, (variant, model) in files.items():
+            (Path(tmp) / k).mkdir()
+            sessions[k] = open_variant(variant, as_file(model, Path(tmp) / k), spec.SERVE_THREADS)
+
+        def settled(times: dict[str, list[float]]) -> bool:
+            pairs = [(1.0, "parent", k) for k in rivals]
+            pairs += [(separate_from, "fp32", k) for k in files if k != "fp32" and separate_from is not None]
+            return all(not lo <= bound <= hi for bound, lo, hi in
+                       ((b, *ratio_interval(times[base], times[k])) for b, base, k in pairs))
+
+        out: dict[str, dict[str, float]] = {k: {} for k in files if k != "fp32"}
+        for batch in batches:
+            times = _samples(spec, sessions, batch, repeats, min_sample_s, settled)
+            for k in out:
+                out[k].update(_pair(batch, times["fp32"], times[k]))
+                if k in rivals:
+                    out[k].update(_pair(batch, times["parent"], times[k], "over_parent"))
+        for k, speed in out.items():
+            _summarise(speed)
+            if k in rivals:
+                speed["over_parent_lo"] = min(v for n, v in speed.items() if n.startswith("over_parent_lo_batch"))
+        return out
+
+
+def _samples(spec: SearchSpec, sessions: dict, batch: int, repeats: int, min_sample_s: float,
+             settled: Callable[[dict[str, list[float]]], bool] | None = None) -> dict[str, list[float]]:
+    """Seconds per run of each session at `batch`, interleaved: rounds of `repeats` until `settled(times)`."""
     names = {k: [s.runner.output_names[0]] for k, s in sessions.items()}
-    for batch in batches:
-        feeds = spec.speed_feeds(batch)
-        loops: dict[str, int] = {}
-        for k, s in sessions.items():
-            s.run(names[k], feeds)
-            t0 = time.perf_counter()
-            s.run(names[k], feeds)
-            loops[k] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-6)))
-        n = max(loops.values())  # the same loop count for both, so each sample costs them alike
-        times: dict[str, list[float]] = {k: [] for k in sessions}
-        for _round in range(MAX_SPEED_ROUNDS):
-            for _ in range(repeats):
-                for k, s in sessions.items():
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        s.run(names[k], feeds)
-                    times[k].append((time.perf_counter() - t0) / n)
-            lo, hi = ratio_interval(times["fp32"], times["int8"])
-            if separate_from is None or lo > separate_from or hi < separate_from:
-                break
-        fp32_ms, int8_ms = (float(np.median(times[k])) * 1e3 for k in ("fp32", "int8"))
-        out[f"fp32_ms_batch{batch}"] = fp32_ms
-        out[f"int8_ms_batch{batch}"] = int8_ms
-        out[f"speedup_batch{batch}"] = fp32_ms / int8_ms
-        out[f"speedup_lo_batch{batch}"], out[f"speedup_hi_batch{batch}"] = round(lo, 4), round(hi, 4)
-        out[f"speed_samples_batch{batch}"] = len(times["int8"])
+    feeds = spec.speed_feeds(batch)
+    loops: dict[str, int] = {}
+    for k, s in sessions.items():
+        s.run(names[k], feeds)
+        t0 = time.perf_counter()
+        s.run(names[k], feeds)
+        loops[k] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-6)))
+    n = max(loops.values())  # the same loop count for all, so each sample costs them alike
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    for _round in range(MAX_SPEED_ROUNDS):
+        for _ in range(repeats):
+            for k, s in sessions.items():
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    s.run(names[k], feeds)
+                times[k].append((time.perf_counter() - t0) / n)
+        if settled is None or settled(times):
+            break
+    return times
+
+
+def _pair(batch: int, base_s: Sequence[float], other_s: Sequence[float], key: str = "speedup") -> dict[str, float]:
+    """One batch size's ratio base ÷ other (medians) and its interval; with `key` "speedup", both times in ms."""
+    lo, hi = ratio_interval(base_s, other_s)
+    base_ms, other_ms = (float(np.median(t)) * 1e3 for t in (base_s, other_s))
+    out = {f"fp32_ms_batch{batch}": base_ms, f"int8_ms_batch{batch}": other_ms} if key == "speedup" else {}
+    return {**out, f"{key}_batch{batch}": base_ms / other_ms, f"{key}_lo_batch{batch}": round(lo, 4),
+            f"{key}_hi_batch{batch}": round(hi, 4), f"speed_samples_batch{batch}": len(other_s)}
+
+
+def _summarise(out: dict[str, float]) -> dict[str, float]:
     out["int8_speedup"] = min(v for k, v in out.items() if k.startswith("speedup_batch"))
     # What the gate judges: the slowest batch size's lower bound (INT8 faster by more than the noise measured).
     out["int8_speedup_lo"] = min(v for k, v in out.items() if k.startswith("speedup_lo_batch"))
     return out
+
+
+def _timed(spec: SearchSpec, sessions: dict, batches: Sequence[int], repeats: int, min_sample_s: float,
+           separate_from: float | None = None) -> dict[str, float]:
+    def settled(times: dict[str, list[float]]) -> bool:
+        lo, hi = ratio_interval(times["fp32"], times["int8"])
+        return separate_from is None or lo > separate_from or hi < separate_from
+
+    out: dict[str, float] = {}
+    for batch in batches:
+        times = _samples(spec, sessions, batch, repeats, min_sample_s, settled)
+        out.update(_pair(batch, times["fp32"], times["int8"]))
+    return _summarise(out)
 
 
 def describe(speed: dict[str, float]) -> str:
