@@ -1,6 +1,7 @@
 """A search's fallback: the most sensitive units back in float, cumulatively, until every gate holds on the
 validation split; the shortest such prefix of the ranking, found by galloping then bisecting, is the fastest
-candidate. A mixin of tritonkit.int8.search.Search."""
+candidate. Its trim then puts single nodes of those units back in INT8 where the gates allow. A mixin of
+tritonkit.int8.search.Search."""
 
 from __future__ import annotations
 
@@ -174,4 +175,38 @@ class Fallbacks:
                 return None
             if passed(prefixes.score(k, whole=True)):
                 return prefixes.items[k][1]
+        return None
+
+    def trim(self, r: Recipe, ranked=()) -> Recipe | None:
+        """`r` (it held every gate on the whole validation split) with its float nodes put back in INT8 one at a time,
+        each kept there where every gate still holds (with the margin) on the sample: the fallback puts whole units
+        in float (a large graph's are blocks: an MBConv's expand, depthwise and project convs), where one node of a
+        unit may be all that needs float. Least sensitive first (its unit's gain in `ranked`, then the rest in the
+        recipe's order); run-time quantized nodes stay as they are. Each step is an option the budget may skip.
+        Returns the trimmed recipe once the whole split confirms it, else None (nothing came back, or it missed)."""
+        gain: dict[str, float] = {}
+        for _unit, members, g in ranked:
+            for m in members:
+                gain[m] = min(gain.get(m, g), g)
+        dynamic = set(r.dynamic_nodes)
+        nodes = [n for n in r.float_nodes if n not in dynamic]
+        order = sorted(nodes, key=lambda n: (n not in gain, gain.get(n, 0.0), nodes.index(n)))
+        self._plan("trim:sample", len(order))
+        current, back = r, []
+        for i, node in enumerate(order):
+            candidate = replace(current, float_nodes=[n for n in current.float_nodes if n != node])
+            step = self.measure("trim", f"{node} back in INT8", candidate, evaluator=self.sample, ahead=0.0)
+            self._plan("trim:sample", len(order) - i - 1)
+            if step is None and self.spent():
+                break
+            if passed(step):
+                current = candidate
+                back.append(node)
+        self._plan("trim:sample", 0)
+        if not back:
+            return None
+        if passed(self.measure("confirm", f"{len(back)} of {len(nodes)} float nodes back in INT8, on all validation",
+                               current)):
+            return current
+        self.log(f"  trimmed {current.describe()} missed on the whole split: {r.describe()} stands")
         return None

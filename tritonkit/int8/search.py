@@ -110,6 +110,7 @@ class Search(Planner, Fallbacks):
         self._judged = False  # the committed candidate was measured: no start must run whatever the budget
         self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
         self._granular_tried: set[str] = set()  # recipes whose float MatMuls were tried at a finer granularity
+        self._trimmed: set[str] = set()  # recipes whose float nodes were tried back in INT8 (Fallbacks.trim)
         self.probed = probed or ProbeTimings({})  # what the speed probe timed (speed_probe fills its own)
         self._ceiling_timed: dict[str, float] | None = None  # speed_ceiling's last timings
         self._row_s: float | None = None  # FP32 seconds a row (floor.row_seconds), where a deferred floor is priced
@@ -373,6 +374,32 @@ class Search(Planner, Fallbacks):
         if not _passed(confirmed):
             return None
         return r, self._time_candidate(r)
+
+    def refine(self, timed: tuple[Recipe, dict], ranked=()) -> list[tuple[Recipe, dict]]:
+        """A found candidate, (recipe, speed), refined: its float nodes put back in INT8 one by one where the gates
+        allow (`trim`), then its float MatMuls at a finer granularity (`granular`). With a speed gate the trimmed
+        recipe races its parent head to head and leads only where it beats it beyond the noise; without one (TensorRT's
+        form) fewer float nodes lead. Returns [(recipe, speed)] for the speed gate and the test split to choose
+        among, the parent kept as a candidate."""
+        r = timed[0]
+        if _key(r) in self._trimmed:
+            return self.granular(timed)
+        self._trimmed.add(_key(r))
+        trimmed = self.trim(r, ranked)
+        if trimmed is None:
+            return self.granular(timed)
+        if not self.check_speed:
+            return [(trimmed, {}), timed]
+        t0 = time.perf_counter()
+        self._int8_variants[_key(trimmed)] = self.int8_variant(trimmed)
+        parent, speed = self.race_parent(r, [trimmed])
+        self._took("speed", time.perf_counter() - t0)
+        faster = speed.get("over_parent_lo", 0.0) > 1.0
+        self.log(f"  trimmed {trimmed.describe()}: speed {_speed(speed)}; x{speed.get('over_parent_lo', 0.0):.2f} "
+                 "and up over its parent head to head" + ("" if faster else ": not faster beyond the noise"))
+        if not faster:
+            return self.granular(timed)
+        return [*self.granular((trimmed, speed)), (r, parent)]
 
     def granular(self, timed: tuple[Recipe, dict]) -> list[tuple[Recipe, dict]]:
         """A candidate that held every accuracy gate on the whole split, (recipe, speed), with its float MatMuls
@@ -689,7 +716,7 @@ class Search(Planner, Fallbacks):
                 # The scan and fallback would only look for fewer float nodes than the kind's shipped models kept:
                 # a passing prior ends the search (a 6-layer MiniLM cut: 43 s of fallbacks found nothing shorter).
                 self.log(f"  prior {found[0].describe()} holds every gate: the search ends with it (no scan)")
-                self._sort_by_speed(ok, slow, failed, self.granular(found))
+                self._sort_by_speed(ok, slow, failed, self.refine(found))
                 break
             # The scan ranks units by their distance to the gates, and the fallbacks judge: by the floor's bounds.
             self.need_floor("the sensitivity scan ranks by the gates")
@@ -729,8 +756,8 @@ class Search(Planner, Fallbacks):
                 if self.check_speed and finals and not self.fits("speed", recipe.describe(), self.estimate("speed")):
                     break
                 finals.append((recipe, self._time_candidate(recipe)))
-            if finals:  # the first passing candidate's float MatMuls, at a finer granularity
-                finals[:1] = self.granular(finals[0])
+            if finals:  # the first passing candidate's float nodes back in INT8 where they hold, then finer
+                finals[:1] = self.refine(finals[0], ranked)
             self._sort_by_speed(ok, slow, failed, finals)
             if ok:  # tracks run best first: the first that passes ends the search
                 break

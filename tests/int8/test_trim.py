@@ -1,0 +1,74 @@
+"""The fallback's trim (tritonkit.int8.fallback.Fallbacks.trim, Search.refine): a passing candidate's float nodes put
+back in INT8 one at a time where every gate still holds, on the small MatMul model whose middle layer reads an
+outlier token (tests/int8/test_granularity.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.int8.test_granularity import MatMulSpec, model  # noqa: F401 (the module's fixture)
+from tritonkit.int8 import search
+from tritonkit.int8.records import Recipe
+
+LAYERS = ("/a/MatMul", "/b/MatMul", "/c/MatMul")
+
+
+@pytest.fixture
+def whole_block(model):  # noqa: F811
+    """(a candidate with every layer float, as a fallback over one block would leave it; the outlier layer; the
+    activation product; a Search of the model, given whether it has a speed gate)."""
+    path, outlier, activation = model
+
+    def searcher(check_speed: bool) -> search.Search:
+        return search.Search(MatMulSpec(), path, ["uint8"], check_speed=check_speed, progress=False,
+                             log=lambda _m: None)
+
+    return Recipe(form="uint8", placement="inputs", float_nodes=[*LAYERS, activation]), outlier, activation, searcher
+
+
+def test_trim_puts_back_in_int8_every_float_node_but_the_one_the_gates_need(whole_block):
+    r, outlier, _activation, searcher = whole_block
+    s = searcher(check_speed=False)
+    assert s.measure("confirm", "the block float", r).passed  # what a fallback hands over
+    trimmed = s.trim(r)
+    assert trimmed is not None and trimmed.float_nodes == [outlier]  # the activation product holds INT8 here
+    steps = [st for st in s.steps if st.stage == "trim"]
+    assert [st.change.split(" back")[0] for st in steps] == r.float_nodes  # no ranking: the recipe's order
+    assert [st.passed for st in steps] == [n != outlier for n in r.float_nodes]
+    assert s.steps[-1].stage == "confirm" and s.steps[-1].passed  # the whole split confirms the trimmed recipe
+
+
+def test_trim_tries_the_least_sensitive_units_nodes_first(whole_block):
+    r, _outlier, activation, searcher = whole_block
+    s = searcher(check_speed=False)
+    ranked = [("/b", ["/b/MatMul"], 0.9), ("/c", ["/c/MatMul"], 0.1), ("family:act", [activation], 0.3)]
+    s.trim(r, ranked)
+    tried = [st.change.split(" back")[0] for st in s.steps if st.stage == "trim"]
+    assert tried == ["/c/MatMul", activation, "/b/MatMul", "/a/MatMul"]  # by gain, then unranked in order
+
+
+def test_a_trim_that_brings_nothing_back_leaves_the_candidate(whole_block):
+    _r, outlier, _activation, searcher = whole_block
+    s = searcher(check_speed=False)
+    assert s.trim(Recipe(form="uint8", placement="inputs", float_nodes=[outlier])) is None
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_trimmed_candidate_leads_only_where_it_beats_its_parent_head_to_head(whole_block, faster):
+    """The served form: the trimmed recipe races its parent (scripted here: which is faster is the point); the
+    parent stays a candidate either way. TensorRT's form, without a speed gate, puts the trimmed one first."""
+    r, outlier, _activation, searcher = whole_block
+    s = searcher(check_speed=True)
+    s.granular = lambda timed: [timed]  # this test is about the trim's offer
+    ratio = 1.3 if faster else 0.97
+    s.race_parent = lambda parent, rivals: [{"int8_speedup": 1.2},
+                                            *({"int8_speedup": 1.2 * ratio, "over_parent_lo": ratio} for _ in rivals)]
+    offered = s.refine((r, {"int8_speedup": 1.25}))
+    if faster:
+        assert [g.float_nodes for g, _ in offered] == [[outlier], r.float_nodes]
+        assert offered[1][1] == {"int8_speedup": 1.2}  # the parent's time from the same race
+    else:
+        assert offered == [(r, {"int8_speedup": 1.25})]
+    assert s.refine((r, {"int8_speedup": 1.25})) == [(r, {"int8_speedup": 1.25})]  # trimmed once per recipe
+    trt = searcher(check_speed=False)
+    assert [g.float_nodes for g, _ in trt.refine((r, {}))] == [[outlier], r.float_nodes]
