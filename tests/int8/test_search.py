@@ -540,22 +540,35 @@ def test_multiply_accumulates_are_counted_per_conv_output_pixel_and_per_weight(t
     assert share == pytest.approx(1 - expected[0] / sum(expected))
 
 
-def test_a_float_conv_stays_float_in_onnxruntime(tmp_path):
+@pytest.mark.parametrize("readers", [1, 2])
+def test_a_float_conv_stays_float_in_onnxruntime(tmp_path, readers):
     """An all-ops Q/DQ graph's float depthwise conv reads a DequantizeLinear and reaches a QuantizeLinear through a
     Clip: onnxruntime's WeightBiasQuantization would give its weights one int8 scale at session load, undoing the
-    fallback. With the guard, the default session computes what a session without that pass computes."""
+    fallback. With the guard, the default session computes what a session without that pass computes. `readers`:
+    the Clip's output read by that many convs, each through its own Q/DQ pair (DedicatedQDQPair), which the pass
+    takes too (Lite1's block 1 project conv)."""
     import onnxruntime as ort
     import torch
 
     from tritonkit.int8 import builder
 
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
+                                            torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU6())
+            self.heads = torch.nn.ModuleList(torch.nn.Conv2d(16, 8, 1) for _ in range(readers))
+
+        def forward(self, x):
+            h = self.body(x)
+            return sum(head(h) for head in self.heads)
+
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
-                              torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU6(),
-                              torch.nn.Conv2d(16, 8, 1))
+    net = Net()
     with torch.no_grad():  # channels 1000x apart: one per-tensor int8 scale flattens the small ones to zero
-        net[2].weight.mul_(torch.logspace(-3, 0, 16).view(16, 1, 1, 1))
-        net[4].weight.div_(torch.logspace(-3, 0, 16).view(1, 16, 1, 1))
+        net.body[2].weight.mul_(torch.logspace(-3, 0, 16).view(16, 1, 1, 1))
+        for head in net.heads:
+            head.weight.div_(torch.logspace(-3, 0, 16).view(1, 16, 1, 1))
     path = tmp_path / "convs.onnx"
     torch.onnx.export(net.eval(), (torch.zeros(1, 3, 8, 8),), str(path), input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=17, dynamo=False)

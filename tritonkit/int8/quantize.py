@@ -142,8 +142,8 @@ def keep_float(model, excluded: Iterable[str]) -> list[str]:
     onnxruntime's WeightBiasQuantization pass (1.21+) takes a Conv/Gemm that reads a DequantizeLinear and reaches a
     QuantizeLinear through only Relu/Clip, and gives its float weights per-tensor int8 Q/DQ at session load: a depthwise
     conv left in float then runs worse than its per-channel int8 form (Lite0: top-1 agreement 0.83 -> 0.47 with
-    every depthwise conv "in float"). A second consumer on that path (a Shape node, which reads no data) is a branch
-    the pass skips."""
+    every depthwise conv "in float"), and where that output's readers are several QuantizeLinear nodes. A second kind
+    of consumer on that path (a Shape node, which reads no data) is a branch the pass skips."""
     import onnx
 
     consumers: dict[str, list] = {}
@@ -162,7 +162,8 @@ def keep_float(model, excluded: Iterable[str]) -> list[str]:
         while len(consumers.get(tensor, [])) == 1 and consumers[tensor][0].op_type in ("Relu", "Clip"):
             tensor = consumers[tensor][0].output[0]
         after = consumers.get(tensor, [])
-        if len(after) == 1 and after[0].op_type == "QuantizeLinear":
+        # Every reader a QuantizeLinear: one, or one per reader where each got its own pair (DedicatedQDQPair).
+        if after and all(c.op_type == "QuantizeLinear" for c in after):
             model.graph.node.append(onnx.helper.make_node("Shape", [tensor], [f"{node.name}_keep_float"],
                                                           name=f"{node.name}_keep_float"))
             guarded.append(node.name)
