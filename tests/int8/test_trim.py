@@ -47,9 +47,9 @@ def test_trim_tries_the_least_sensitive_units_nodes_first(whole_block):
     assert tried == ["/c/MatMul", activation, "/b/MatMul", "/a/MatMul"]  # by gain, then unranked in order
 
 
-def test_a_trim_the_whole_split_rejects_falls_back_to_the_first_half_of_its_returns(whole_block):
-    """The sample's passes can add up to a miss on the whole split (scripted: the first confirmation misses); the
-    first half of the nodes that came back is then judged once, for real, on the whole split."""
+def test_a_trim_the_whole_split_rejects_keeps_the_longest_run_of_its_returns_that_holds(whole_block):
+    """The sample's passes can add up to a miss on the whole split (scripted: the confirmation of all the returns
+    misses); runs of the returns, in the order they were kept, are then bisected on the whole split, for real."""
     from dataclasses import replace as with_
 
     r, outlier, _activation, searcher = whole_block
@@ -64,8 +64,16 @@ def test_a_trim_the_whole_split_rejects_falls_back_to_the_first_half_of_its_retu
     trimmed = s.trim(r)
     returned = [n for n in r.float_nodes if n != outlier]  # the sample let these back, in this order
     assert trimmed is not None
-    assert trimmed.float_nodes == [n for n in r.float_nodes if n not in returned[: len(returned) // 2]]
-    assert s.steps[-1].stage == "trim" and s.steps[-1].change.endswith("on all validation") and s.steps[-1].passed
+    assert trimmed.float_nodes == [n for n in r.float_nodes if n not in returned[:2]]  # all 3 "missed"
+    bisected = [st.change for st in s.steps if st.stage == "trim" and st.change.endswith("on all validation")]
+    assert bisected == ["the first 1 of them, on all validation", "the first 2 of them, on all validation"]
+
+
+def test_trim_judges_on_a_sample_with_the_rows_its_returns_hurt_most(whole_block):
+    r, _outlier, _activation, searcher = whole_block
+    s = searcher(check_speed=False)
+    s.trim(r)
+    assert s.sample.extra_rows  # the whole split's worst rows under every trimmable node in INT8
 
 
 def test_a_trim_that_brings_nothing_back_leaves_the_candidate(whole_block):

@@ -138,7 +138,7 @@ class Evaluator:
 
     def __init__(self, spec: SearchSpec, fp32: Path, split: str, stride: int = 1,
                  extra_rows: dict[int, list[int]] | None = None):
-        self.spec, self.split = spec, split
+        self.spec, self.split, self.extra_rows = spec, split, dict(extra_rows or {})
         batches = spec.eval_batches(split)
         # Every stride-th batch: a cheaper sample for ranking many candidates; gates always use the whole split.
         picked = [(i, None) for i in range(0, len(batches), stride)]
