@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, judge
 from tritonkit.int8.params import file_digest
-from tritonkit.int8.recipe import committed_candidate, load_recipes
-from tritonkit.int8.search import Search
+from tritonkit.int8.recipe import load_recipes, quant_params
+from tritonkit.int8.records import Recipe
+from tritonkit.int8.search import MARGIN, Search
 from tritonkit.int8.speed import race
 
 SHOWN = ("top1_agreement", "top5_agreement", "top1_agreement_margin0.05", "cosine_min", "cosine_mean",
@@ -38,7 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--cpu-class", default=None, help="whose committed entry (default: this CPU's, or its donor's)")
-    ap.add_argument("--margin", type=float, default=0.1, help="the search's margin on each gate (default 0.1)")
+    ap.add_argument("--margin", type=float, default=MARGIN,
+                    help="the margin on each gate a trim judges by (default: the search's)")
     ap.add_argument("--variants", nargs=2, default=None, metavar=("FP32", "INT8"),
                     help="runtime variants to race on (default: those serving the FP32 and INT8 models here)")
     args = ap.parse_args()
@@ -47,11 +49,15 @@ def main() -> None:
 
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
-    entry = (load_recipes(kind, args.cpu_class) or {}).get("served")
-    candidate = committed_candidate(kind, "served", entry, fp32, file_digest(fp32))
-    if candidate is None:
-        raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file")
-    recipe, params = candidate
+    entry = (load_recipes(kind, args.cpu_class) or {}).get("served") or {}
+    found = entry.get("recipe") or (entry.get("accurate") or {}).get("recipe")
+    params, why = None, "none committed"
+    if found:  # the parameters of the class that searched it
+        params, why, _ = quant_params(kind, "served", {"recipe": found, "class": entry.get("borrowed_from")}, fp32,
+                                      file_digest(fp32))
+    if params is None:
+        raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file ({why})")
+    recipe = Recipe.from_json(found)
     print(f"{kind.NAME}: {recipe.describe()} ({entry.get('status')}, class {entry.get('borrowed_from') or 'own'}), "
           f"this CPU {envinfo.int8_class()}, margin {args.margin}")
     search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=print, margin=args.margin,
@@ -72,7 +78,10 @@ def main() -> None:
         print("\nnothing came back to INT8")
         return
     back = [n for n in recipe.float_nodes if n not in trimmed.float_nodes]
-    print(f"\ntrimmed: {trimmed.describe()} ({len(back)} of {len(recipe.float_nodes)} back in INT8)")
+    confirmed = next(st for st in reversed(rows) if st.recipe == trimmed.describe())
+    print(f"\ntrimmed: {trimmed.describe()} ({len(back)} of {len(recipe.float_nodes)} back in INT8); on all "
+          f"validation it holds the gates with the search's {MARGIN} margin: "
+          + ("yes" if search.gates.holds("validation", confirmed.metrics, MARGIN) else "no"))
     print(json.dumps({"float_nodes": trimmed.float_nodes}))
     fp32_variant, int8_variant = args.variants or speed_variants(kind)
     with tempfile.TemporaryDirectory(prefix="bench-trim-") as tmp:

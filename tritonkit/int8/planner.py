@@ -80,7 +80,7 @@ class Planner:
                 if sample else None
         if kind == "resample":  # the whole split's worst rows, then a new sample's FP32 reference
             split = self.estimate("confirm:split")
-            return None if split is None else split + float(np.median(sample))
+            return None if split is None else split + (float(np.median(sample)) if sample else 0.0)
         if kind.endswith(":sample") or kind == "speed":
             if sample:
                 return float(np.median(sample))

@@ -61,10 +61,13 @@ class Track:
     slow: bool = False  # its start timed under the speed gate already
 
 
+# A candidate holds each validation gate by this share of the gate's scale (scoring.slack) to spare.
+MARGIN = 0.1
+
 class Search(Planner, Fallbacks):
     """One form's accuracy-aware search (the module's docstring); its budget is Planner's, its fallback Fallbacks'."""
 
-    def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = 0.1,
+    def __init__(self, spec: SearchSpec, fp32: Path, forms: Sequence[str], *, check_speed: bool, margin: float = MARGIN,
                  max_units: int = 64, max_tracks: int = 2, max_variants: int = 3, sample_stride: int = 3,
                  budget: Budget | None = None, progress: bool = True, log: Callable = print,
                  workspace: Workspace | None = None, exact: bool = False, min_int8_share: float | None = None,
