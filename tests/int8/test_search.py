@@ -1431,6 +1431,37 @@ def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_
         workspace.close()
 
 
+@pytest.mark.parametrize("cpu_class, rejected", [("avx2", True), ("vnni", False)])
+def test_the_speed_probe_rejects_what_the_exact_path_cannot_open_off_vnni(tiny, monkeypatch, cpu_class, rejected):
+    """Off VNNI every served session takes onnxruntime's exact int8 path; a start that path cannot open (an AVX2
+    EPYC's s8-to-u8 weight rewrite adding an initializer twice crashed CI's build in the probe's timing) is rejected
+    by the probe as the search rejects it, and nothing is timed from it. With VNNI the plain path serves."""
+    from tritonkit import envinfo
+    from tritonkit.errors import QuantizationError
+    from tritonkit.int8 import builder
+
+    path, _ = tiny
+    spec = TinySpec()
+    spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=100.0)  # no start clears it: every one is probed
+    monkeypatch.setenv(envinfo.CLASS_ENV, cpu_class)
+
+    def refuse(model):
+        raise QuantizationError("onnxruntime's exact int8 path cannot open this graph: refused by the test")
+
+    monkeypatch.setattr(builder, "_opens_exactly", refuse)
+    lines: list[str] = []
+    monkeypatch.setattr(pipeline, "_log", lines.append)
+    workspace = search.Workspace()
+    try:
+        got, probed = pipeline.speed_probe(spec, path, ["int8", "uint8"], workspace,
+                                           (search.DEFAULT, search.DEFAULT), False)
+    finally:
+        workspace.close()
+    refused = [line for line in lines if "probe" in line and "rejected" in line]
+    assert (len(refused) == 4) is rejected and (not refused) is not rejected, lines
+    assert (got is None and not probed.quick) is rejected, lines  # nothing timed, nothing decided
+
+
 def test_the_search_does_not_time_again_what_the_speed_probe_timed(tiny, monkeypatch):
     """Where the start the probe cleared is the search's fastest, its ceiling at every served batch size comes from
     the probe, as does each start's quick timing the probe made (another graph of the same ops): not timed again."""

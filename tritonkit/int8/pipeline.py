@@ -169,8 +169,9 @@ def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: t
     """The served form's result where no INT8 graph can meet its speed gate (Search.speed_probe), before its floor
     is measured or anything calibrated, else None; and what the probe timed, which the search does not time again."""
     t0 = time.perf_counter()
+    # exact as the search judges: off VNNI a start onnxruntime's exact path cannot open is rejected, not timed
     probe = Search(FewCalibrationBatches(kind), fp32, forms, check_speed=True, progress=progress, log=_log,
-                   workspace=workspace.graphs_only(), speed_variants=speed_variants)
+                   workspace=workspace.graphs_only(), speed_variants=speed_variants, exact=judge.exact_judgement())
     ceiling = probe.speed_probe()
     if ceiling is None:
         return None, probe.probed
