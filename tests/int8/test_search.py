@@ -1196,6 +1196,25 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
     assert again.passed and sensitive in again.recipe.float_nodes and again.steps[1].stage == "start"
 
 
+def test_a_re_search_trims_the_committed_candidate_before_any_start(tiny, tmp_path):
+    """A committed candidate with a layer float that need not be (a block fallen back whole) is trimmed right after
+    it is judged: the re-search ends with the sensitive layer alone float, the other back in INT8."""
+    from tritonkit.int8.builder import quantize_with_params
+
+    path, sensitive = tiny
+    spec = TinySpec()
+    other = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm" and n.name != sensitive)
+    committed = search.Recipe(form="int8", placement="inputs", float_nodes=[sensitive, other])
+    params = quantize_with_params(path, tmp_path / "c.onnx", committed.to_quant(spec.WEIGHT_OPS),
+                                  spec.calibration_batches, spec.calibration_batch_count(), progress=False)
+    result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                           min_int8_share=0.0, committed=(committed, params)).run()
+    stages = [s.stage for s in result.steps]
+    assert stages[:4] == ["committed", "trim", "trim", "confirm"], stages
+    assert [s.passed for s in result.steps[1:3]] == [False, True]  # the sensitive layer stays, the other returns
+    assert result.passed and result.recipe.float_nodes == [sensitive], result.recipe
+
+
 def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_apply(tiny, tmp_path, monkeypatch):
     """pipeline.search_forms hands each form's search the committed recipe (else the accurate candidate) of this CPU
     class with its parameters; parameters computed from another FP32 graph do not apply, and it searches from the

@@ -673,8 +673,8 @@ class Search(Planner, Fallbacks):
         ok: list[tuple[Recipe, dict]] = []
         slow: list[tuple[Recipe, dict]] = []  # met every accuracy gate, missed the speed gate
         first = self.committed_first()
-        if first is not None:
-            self._sort_by_speed(ok, slow, failed, self.granular(first))
+        if first is not None:  # trimmed first: the cheapest way to fewer float nodes (Lite1's +39 ran 1.00x bf16)
+            self._sort_by_speed(ok, slow, failed, self.refine(first))
         tracks = self.start()
         ceiling = None if ok else self.speed_ceiling()
         if ceiling is not None:
