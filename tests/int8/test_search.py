@@ -879,7 +879,7 @@ def test_the_tensorrt_form_is_judged_by_this_cpus_kernels_only_where_they_sum_in
     # Symmetric int8 activations (zero point 0 of int8): TensorRT's form.
     model = _unit_scale_qdq_matmul(weight, np.array(0, np.int8), rows=4)
     x = np.stack([np.full(k, 127.0), np.full(k, -128.0), *rng.integers(-128, 128, (2, k))]).astype(np.float32)
-    got = evaluate.session(model, exact=exact_judgement("tensorrt")).run(None, {"x": x})[0]
+    got = evaluate.session(model, exact=exact_judgement()).run(None, {"x": x})[0]
     np.testing.assert_array_equal(got.astype(np.int64), x.astype(np.int64) @ weight.astype(np.int64))
 
 
@@ -1196,23 +1196,63 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
     assert again.passed and sensitive in again.recipe.float_nodes and again.steps[1].stage == "start"
 
 
+def _committed(path, spec, float_nodes: list[str], out: Path) -> tuple:
+    """A committed int8/inputs candidate with `float_nodes` float, and the parameters a replay builds it from."""
+    from tritonkit.int8.builder import quantize_with_params
+
+    r = search.Recipe(form="int8", placement="inputs", float_nodes=float_nodes)
+    return r, quantize_with_params(path, out, r.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
+                                   spec.calibration_batch_count(), progress=False)
+
+
 def test_a_re_search_trims_the_committed_candidate_before_any_start(tiny, tmp_path):
     """A committed candidate with a layer float that need not be (a block fallen back whole) is trimmed right after
     it is judged: the re-search ends with the sensitive layer alone float, the other back in INT8."""
-    from tritonkit.int8.builder import quantize_with_params
-
     path, sensitive = tiny
     spec = TinySpec()
     other = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm" and n.name != sensitive)
-    committed = search.Recipe(form="int8", placement="inputs", float_nodes=[sensitive, other])
-    params = quantize_with_params(path, tmp_path / "c.onnx", committed.to_quant(spec.WEIGHT_OPS),
-                                  spec.calibration_batches, spec.calibration_batch_count(), progress=False)
+    committed, params = _committed(path, spec, [sensitive, other], tmp_path / "c.onnx")
     result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
                            min_int8_share=0.0, committed=(committed, params)).run()
     stages = [s.stage for s in result.steps]
     assert stages[:4] == ["committed", "trim", "trim", "confirm"], stages
     assert [s.passed for s in result.steps[1:3]] == [False, True]  # the sensitive layer stays, the other returns
     assert result.passed and result.recipe.float_nodes == [sensitive], result.recipe
+
+
+def test_a_committed_candidate_within_the_margin_only_is_trimmed_before_it_is_dropped(tiny, tmp_path):
+    """Another machine's FP32 file can leave a committed candidate above every gate but inside the margin (Lite1's
+    +39): it is trimmed (each return screened at the gates on the sample) and the trim stands only where the whole
+    split holds it with the margin; one that misses even the gates is dropped untrimmed."""
+    from tritonkit.int8.scoring import slack
+
+    path, sensitive = tiny
+    spec = TinySpec()
+    other = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm" and n.name != sensitive)
+    committed, params = _committed(path, spec, [sensitive, other], tmp_path / "c.onnx")
+
+    def run(margin: float):
+        lines: list[str] = []
+        s = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lines.append,
+                          min_int8_share=0.0, committed=(committed, params), margin=margin)
+        return s, s.run(), lines
+
+    _, plain, _ = run(0.0)
+    room = min(slack(t, plain.steps[0].metrics) for t in spec.TARGETS)
+    assert room > 0, plain.steps[0]
+    s, result, lines = run(room * 1.5)  # holds the gates, not this margin
+    stages = [st.stage for st in result.steps]
+    assert not result.steps[0].passed and stages[1:3] == ["trim", "trim"], stages
+    assert any("holds the gates here, not the margin: trimmed" in line for line in lines), lines
+    confirm = next(st for st in result.steps if st.stage == "confirm")
+    assert confirm.passed == s.gates.holds("validation", confirm.metrics, room * 1.5)
+    assert any("no trim of it holds" in line for line in lines) is not confirm.passed, lines
+
+    bare = _committed(path, spec, [], tmp_path / "b.onnx")  # the sensitive layer in INT8: under the gates
+    dropped = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                            min_int8_share=0.0, committed=bare, margin=room * 1.5).run()
+    assert not dropped.steps[0].passed and dropped.steps[1].stage != "trim", [st.stage for st in dropped.steps]
+
 
 
 def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_apply(tiny, tmp_path, monkeypatch):

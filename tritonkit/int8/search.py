@@ -194,12 +194,13 @@ class Search(Planner, Fallbacks):
 
     def measure(self, stage: str, change: str, r: Recipe, speed: bool = False,
                 evaluator: Evaluator | None = None, must: bool = False, ahead: float | None = None,
-                drop_under: float | None = None, decides: bool = True) -> Step | None:
+                drop_under: float | None = None, decides: bool = True, margin: float | None = None) -> Step | None:
         """Quantize + score one candidate on validation (or the sample); None when the form rejects the graph or
         the budget does not start it. `must`: run whatever the budget (a search's first start); `ahead`: an
         optional step, skipped alone unless it leaves that many seconds (Search.fits); `drop_under`: timed first,
         a candidate under that speed-up is not scored (its step has no metrics); `decides`: its pass decides what
-        the search does next (a start's or knob variant's is only ranked, so it never needs the floor)."""
+        the search does next (a start's or knob variant's is only ranked, so it never needs the floor); `margin`:
+        the one its pass is judged with (default the search's)."""
         from tritonkit.errors import QuantizationError
 
         kind = f"{stage}:{'sample' if evaluator is not None else 'split'}"
@@ -235,8 +236,9 @@ class Search(Planner, Fallbacks):
         metrics = (evaluator or self.val).metrics(model, exact=self.exact)
         if evaluator is None:
             self._split_metrics[_key(r)] = metrics
-        held = self.holds("validation", metrics, stage) if decides else \
-            bool(self.gates.decided("validation", metrics, self.margin))
+        margin = self.margin if margin is None else margin
+        held = self.holds("validation", metrics, stage, margin) if decides else \
+            bool(self.gates.decided("validation", metrics, margin))
         step = Step(stage, change, r.describe(), metrics, self.rank(metrics), held, sp,
                     round(time.perf_counter() - t0, 3), *started)
         self.steps.append(step)
@@ -329,10 +331,20 @@ class Search(Planner, Fallbacks):
             return None
         self._judged = True
         step = self.measure("committed", "the committed candidate on all validation", r, must=True)
-        if not _passed(step):
+        if _passed(step):
+            return r, self._time_candidate(r, "committed")
+        if step is None or not self.holds("validation", step.metrics, "committed", margin=0.0):
             self.log(f"  committed {r.describe()} misses here: searching without it")
             return None
-        return r, self._time_candidate(r, "committed")
+        # Within the margin only (another machine's FP32 file: Lite1's +39 here): its trim may hold with it.
+        self.log(f"  committed {r.describe()} holds the gates here, not the margin: trimmed before it is dropped")
+        self._trimmed.add(_key(r))
+        trimmed = self.trim(r)
+        if trimmed is None:
+            self.log("  no trim of it holds with the margin: searching without it")
+            return None
+        self._trimmed.add(_key(trimmed))
+        return trimmed, self._time_candidate(trimmed, "committed")
 
     def prior_nodes(self, r: Recipe) -> list[str]:
         """The nodes of `r`'s prepared graph that the kind's SEARCH_PRIOR_FLOAT names: "family:<name>" units
