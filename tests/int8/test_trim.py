@@ -101,3 +101,36 @@ def test_the_trimmed_candidate_leads_only_where_it_beats_its_parent_head_to_head
     assert s.refine((r, {"int8_speedup": 1.25})) == [(r, {"int8_speedup": 1.25})]  # trimmed once per recipe
     trt = searcher(check_speed=False)
     assert [g.float_nodes for g, _ in trt.refine((r, {}))] == [[outlier], r.float_nodes]
+
+
+@pytest.mark.parametrize("served_holds", [True, False])
+def test_a_return_is_kept_only_where_it_holds_run_as_its_parent_is_served(whole_block, monkeypatch, served_holds):
+    """With a speed gate timing INT8 on another runtime (OpenVINO, where Lite1's returns that held in exact int32
+    arithmetic missed in bf16), each return the sample passes is also run there, and kept only where the gates
+    hold so too; on ONNX Runtime, the judged arithmetic, nothing more runs."""
+    from tritonkit.int8.evaluate import Evaluator
+
+    r, outlier, _activation, _searcher = whole_block
+    path = _searcher(False).fp32
+    ran: list[str] = []
+    real = Evaluator.served_problems
+
+    def served_problems(self, model, variant, judge, threads, exact=False):
+        ran.append(variant)
+        metrics, problems = real(self, model, variant, judge, threads, exact)
+        return metrics, problems if served_holds else [*problems, "refused by the test"]
+
+    monkeypatch.setattr(Evaluator, "served_problems", served_problems)
+    s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None,
+                      speed_variants=(search.DEFAULT, "openvino"))
+    trimmed = s.trim(r)
+    passing = [st for st in s.steps if st.stage == "trim" and st.passed]
+    assert ran == ["openvino"] * len(passing) and passing, ran  # each sample pass, run as served
+    if served_holds:  # OpenVINO f32 computes within the gates here what onnxruntime does
+        assert trimmed is not None and trimmed.float_nodes == [outlier], trimmed
+    else:
+        assert trimmed is None
+    ran.clear()
+    s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
+    s.trim(r)
+    assert ran == []
