@@ -1,6 +1,7 @@
 """The search's trim (tritonkit.int8.fallback.Fallbacks.trim) on a model's committed served candidate: which of its
 float nodes go back in INT8 with every gate still holding (exact judgement, as the search judges), and the trimmed
-file raced against its parent and FP32 (tritonkit.int8.speed.race) on the runtime variants that serve them here.
+file raced against its parent and FP32 (tritonkit.int8.speed.race) on the runtime variants that serve them here,
+both then scored on all validation as the INT8 variant runs them (OpenVINO bf16 can miss what exact int32 held).
 
     python perf/bench_trim.py efficientnet_lite1 [--cpu-class vnni] [--margin 0.1] [--variants openvino-bf16 ...]
 
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, judge
+from tritonkit.int8.evaluate import Evaluator
 from tritonkit.int8.params import file_digest
 from tritonkit.int8.recipe import load_recipes, quant_params
 from tritonkit.int8.records import Recipe
@@ -100,6 +102,17 @@ def main() -> None:
     for b in kind.SPEED_BATCHES:
         p, t = raced["parent"], raced["trimmed"]
         print(f"| {b} | {ratio(p, 'speedup', b)} | {ratio(t, 'speedup', b)} | {ratio(t, 'over_parent', b)} |")
+    # What the trim judged in exact int32 arithmetic, run as the INT8 variant serves it (bf16 moves top-1).
+    print(f"\nOn all validation run as {int8_variant} (gates with the search's {MARGIN} margin):")
+    print("| file | " + " | ".join(k for k in SHOWN if k in held.metrics) + " | holds |")
+    print("|---|" + "---|" * (sum(k in held.metrics for k in SHOWN) + 1))
+    val = Evaluator(kind, fp32, "validation")
+    for name, r in (("parent", recipe), ("trimmed", trimmed)):
+        metrics, missed = val.served_problems(search.build(replace(r)), int8_variant,
+                                              lambda m: search.gates.missed("validation", m, MARGIN),
+                                              kind.SERVE_THREADS)
+        print(f"| {name} | " + " | ".join(f"{metrics[k]:.4f}" for k in SHOWN if k in held.metrics)
+              + f" | {'yes' if not missed else 'no'} |")
 
 
 if __name__ == "__main__":
