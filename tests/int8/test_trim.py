@@ -115,9 +115,9 @@ def test_a_return_is_kept_only_where_it_holds_run_as_its_parent_is_served(whole_
     ran: list[str] = []
     real = Evaluator.served_problems
 
-    def served_problems(self, model, variant, judge, threads, exact=False):
+    def served_problems(self, graph, variant, judge, threads, exact=False):
         ran.append(variant)
-        metrics, problems = real(self, model, variant, judge, threads, exact)
+        metrics, problems = real(self, graph, variant, judge, threads, exact)
         return metrics, problems if served_holds else [*problems, "refused by the test"]
 
     monkeypatch.setattr(Evaluator, "served_problems", served_problems)
