@@ -128,16 +128,17 @@ def test_a_class_without_its_own_entry_serves_what_this_machine_proved_of_a_dono
     monkeypatch.setattr(paths, "BUILD_OUTPUTS", root / "build")
     monkeypatch.setenv(envinfo.CLASS_ENV, faked)
     kind = kinds.from_spec(specs.load(root / "models" / f"{NAME}.toml"))
+    bf16 = envinfo.has_bf16()  # the faked class on this machine's cores, as its runtime choice recorded it
     made, why = proof.valid(kind, root / "repo" / kind.INT8_MODEL / "1" / "model.onnx")
     assert made is not None, why
     assert (made.cpu_class, made.donor) == (faked, envinfo.int8_class(envinfo.cpu_flags()))
     served = _report(tree, "served")
     assert made.status == served["status"]
     here = replica.decide(replica.record([kind], root / "repo", local=True)["models"][kind.INT8_MODEL],
-                          kind.INT8_MODEL, faked, bf16=False)
+                          kind.INT8_MODEL, faked, bf16=bf16)
     assert "this machine" in here.reason and here.int8 == (made.status == "passed"), here
     committed_view = replica.decide(replica.record([kind], root / "repo")["models"][kind.INT8_MODEL],
-                                    kind.INT8_MODEL, faked, bf16=False)
+                                    kind.INT8_MODEL, faked, bf16=bf16)
     assert not committed_view.int8 and "this machine" not in committed_view.reason
     # Adopted (`--adopt-proof`), it is the class's committed entry: every view of that class serves it.
     out = subprocess.run([sys.executable, "-m", "tritonkit.build", NAME, "--adopt-proof", "--no-progress"], env=env,
@@ -146,5 +147,5 @@ def test_a_class_without_its_own_entry_serves_what_this_machine_proved_of_a_dono
     entry = json.loads((root / "models" / f"{NAME}.int8.json").read_text())["served"][faked]
     assert (entry["proven_from"], entry["status"]) == (made.donor, made.status)
     adopted = replica.decide(replica.record([kind], root / "repo")["models"][kind.INT8_MODEL],
-                             kind.INT8_MODEL, faked, bf16=False)
+                             kind.INT8_MODEL, faked, bf16=bf16)
     assert adopted.int8 == (made.status == "passed") and "this machine" not in adopted.reason, adopted

@@ -84,7 +84,14 @@ def test_int8_forms_are_what_their_recipes_say(built):
     # The units the search kept in float read float tensors; every other MatMul reads dequantized ones.
     dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     matmuls = {n.name: any(i in dq for i in n.input) for n in model.graph.node if n.op_type == "MatMul"}
-    kept = set(served["float_nodes"])
+    dynamic = set((served.get("dynamic") or {}).get("nodes", ()))  # rewritten to quantize at run time
+    kept = set(served["float_nodes"]) - dynamic
     assert kept <= set(matmuls), kept - set(matmuls)
+    assert not dynamic & set(matmuls), dynamic & set(matmuls)
+    if dynamic:
+        from tritonkit.int8.granularity import NBITS
+
+        op = "MatMulNBits" if served["dynamic"]["scheme"] == NBITS else "MatMulInteger"
+        assert sum(n.op_type == op for n in model.graph.node) >= len(dynamic)
     assert not any(matmuls[n] for n in kept) and all(q for n, q in matmuls.items() if n not in kept)
     assert search.Recipe.from_json(served).to_quant(minilm.WEIGHT_OPS).activation_type == served["form"]
