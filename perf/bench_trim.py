@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, judge
-from tritonkit.int8.evaluate import Evaluator
 from tritonkit.int8.params import file_digest
 from tritonkit.int8.recipe import load_recipes, quant_params
 from tritonkit.int8.records import Recipe
@@ -93,6 +92,11 @@ def main() -> None:
             onnx.save(search.build(replace(r)), str(files[name]))
         raced = race(kind, (fp32_variant, fp32), (int8_variant, files["parent"]),
                      {"trimmed": (int8_variant, files["trimmed"])}, kind.SPEED_BATCHES)
+        # What the trim judged in exact int32 arithmetic, run as the INT8 variant serves it (bf16 moves top-1).
+        served = {name: search.val.served_problems(path, int8_variant,
+                                                   lambda m: search.gates.missed("validation", m, MARGIN),
+                                                   kind.SERVE_THREADS)
+                  for name, path in files.items()}
     print(f"\nINT8 on {int8_variant}, FP32 on {fp32_variant}, interleaved in one run (median, 95 % interval):")
     print("| batch | parent ÷ FP32 | trimmed ÷ FP32 | trimmed over parent |")
     print("|---|---|---|---|")
@@ -102,15 +106,10 @@ def main() -> None:
     for b in kind.SPEED_BATCHES:
         p, t = raced["parent"], raced["trimmed"]
         print(f"| {b} | {ratio(p, 'speedup', b)} | {ratio(t, 'speedup', b)} | {ratio(t, 'over_parent', b)} |")
-    # What the trim judged in exact int32 arithmetic, run as the INT8 variant serves it (bf16 moves top-1).
     print(f"\nOn all validation run as {int8_variant} (gates with the search's {MARGIN} margin):")
     print("| file | " + " | ".join(k for k in SHOWN if k in held.metrics) + " | holds |")
     print("|---|" + "---|" * (sum(k in held.metrics for k in SHOWN) + 1))
-    val = Evaluator(kind, fp32, "validation")
-    for name, r in (("parent", recipe), ("trimmed", trimmed)):
-        metrics, missed = val.served_problems(search.build(replace(r)), int8_variant,
-                                              lambda m: search.gates.missed("validation", m, MARGIN),
-                                              kind.SERVE_THREADS)
+    for name, (metrics, missed) in served.items():
         print(f"| {name} | " + " | ".join(f"{metrics[k]:.4f}" for k in SHOWN if k in held.metrics)
               + f" | {'yes' if not missed else 'no'} |")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from tritonkit.int8.builder import recipe_key as _key
 from tritonkit.int8.records import Recipe, Step
 from tritonkit.int8.speed import describe as _speed
 from tritonkit.int8.speed import speedup
@@ -197,7 +196,7 @@ class Fallbacks:
         order = sorted(nodes, key=lambda n: (n not in gain, gain.get(n, 0.0), nodes.index(n)))
         self._hard_rows(replace(r, float_nodes=[n for n in r.float_nodes if n in dynamic]))
         self._plan("trim:sample", len(order))
-        served = self._int8_variants.get(_key(r), self.speed_variants[1]) if self.check_speed else DEFAULT
+        served = self._variants(r)[1] if self.check_speed else DEFAULT  # the runtime r is timed on
         current, back = r, []
         for i, node in enumerate(order):
             candidate = replace(current, float_nodes=[n for n in current.float_nodes if n != node])
