@@ -8,9 +8,9 @@ served on this machine (its packed form where built; `--variant` another runtime
 Triton instance runs it, on batches of random benchmark items fed as its backend feeds them. `--granular` adds the
 same file with its float weighted MatMuls (those the recipe keeps in float) rewritten by a run-time scheme of
 tritonkit.int8.granularity: the "after" of the search's finer-granularity step. `--fp32` adds the FP32 file.
-Per file and batch size: microseconds per call and share of each group (INT8 linear, run-time INT8 linear, float
-linear, attention, quantize, other), then the costliest nodes. Files and batch sizes are profiled in interleaved
-repeats, each node's median time kept (the first profile in a process runs cold).
+Per file and batch size: microseconds per call and share of each group (INT8 linear, run-time INT8 linear,
+INT8-weight float linear, float linear, attention, quantize, other), then the costliest nodes. Files and batch sizes
+are profiled in interleaved repeats, each node's median time kept (the first profile in a process runs cold).
 """
 
 from __future__ import annotations

@@ -111,3 +111,6 @@ def test_kernel_names_say_openvino_precision():
     assert layers.ov_group("Subgraph", "jit_avx2_f32") == layers.OTHER
     assert layers.ov_group("Subgraph", "jit_avx2_f32", attention=True) == layers.ATTENTION
     assert layers.ov_group("FullyConnected", "jit_gemm_I8", attention=True) == layers.INT8_LINEAR
+    # A MatMulNBits node: INT8 math where the kernel quantizes activations, else INT8 weights in float math.
+    assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_amx_I8") == layers.RUNTIME_INT8
+    assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_bf16", attention=True) == layers.WEIGHT_ONLY

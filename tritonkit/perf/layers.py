@@ -21,8 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 INT8_LINEAR, RUNTIME_INT8, FLOAT_LINEAR = "INT8 linear", "run-time INT8 linear", "float linear"
+WEIGHT_ONLY = "INT8-weight float linear"
 ATTENTION, QUANTIZE, OTHER = "attention", "quantize", "other"
-GROUPS = (INT8_LINEAR, RUNTIME_INT8, FLOAT_LINEAR, ATTENTION, QUANTIZE, OTHER)
+GROUPS = (INT8_LINEAR, RUNTIME_INT8, WEIGHT_ONLY, FLOAT_LINEAR, ATTENTION, QUANTIZE, OTHER)
 
 # onnxruntime kernels (after its graph fusions) by group; a MatMul, Gemm or Conv is float linear when its ONNX
 # node has a constant weight, else attention's activation x activation product.
@@ -33,6 +34,9 @@ _ORT_FLOAT = {"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "Conv", "FusedConv",
 _ORT_QUANTIZE = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 # OpenVINO layer types: weighted ones (constant-weight MatMuls become FullyConnected) and attention's.
 _OV_WEIGHTED = {"FullyConnected", "Convolution", "GroupConvolution", "Deconvolution"}
+# A MatMulNBits node becomes FullyConnectedCompressed: its kernel quantizes activations at run time (`..._I8`) or,
+# where the CPU plugin does not (AVX-512 VNNI without AMX), decompresses the INT8 weights into float math.
+_OV_COMPRESSED = {"FullyConnectedCompressed"}
 _OV_ATTENTION = {"MatMul", "Softmax", "ScaledDotProductAttention"}
 _OV_QUANTIZE = {"FakeQuantize"}
 
@@ -118,10 +122,13 @@ def ort_group(op: str, node: str | None, weighted: set[str], runtime: set[str] =
 def ov_group(layer_type: str, kernel: str, attention: bool = False) -> str:
     """The group of an OpenVINO layer; its kernel name carries the precision it ran in (`..._I8`, `..._bf16`).
     `attention`: the layer is named after an attention node (`attention_nodes`), as a fused attention block is."""
+    int8 = any(p in kernel.lower() for p in ("i8", "u8"))
+    if layer_type in _OV_COMPRESSED:
+        return RUNTIME_INT8 if int8 else WEIGHT_ONLY
     if attention and layer_type not in _OV_WEIGHTED:
         return ATTENTION
     if layer_type in _OV_WEIGHTED:
-        return INT8_LINEAR if any(p in kernel.lower() for p in ("i8", "u8")) else FLOAT_LINEAR
+        return INT8_LINEAR if int8 else FLOAT_LINEAR
     if layer_type in _OV_ATTENTION:
         return ATTENTION
     return QUANTIZE if layer_type in _OV_QUANTIZE else OTHER
