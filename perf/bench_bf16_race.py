@@ -16,25 +16,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from tritonkit import envinfo, kinds, paths
-from tritonkit.int8 import recipe
-from tritonkit.int8.builder import quantize_with_params
-from tritonkit.int8.params import QuantParams, file_digest
-from tritonkit.int8.records import Recipe
 from tritonkit.int8.speed import BF16_COMPETITOR, speedup
-from tritonkit.repository import runtime_choice
+from tritonkit.perf import revision
 from tritonkit.serving.runtimes import DEFAULT
-
-
-def at_rev(rev: str, path: Path) -> bytes | None:
-    """`path` (in the checkout) as committed at `rev`; None where it did not exist."""
-    out = subprocess.run(["git", "show", f"{rev}:{paths.rel(path)}"], cwd=paths.ROOT, capture_output=True)
-    return out.stdout if out.returncode == 0 else None
 
 
 def main() -> int:
@@ -45,33 +34,15 @@ def main() -> int:
     if not envinfo.has_bf16():
         print("this CPU has no native bf16: the FP32 file cannot run on OpenVINO bf16 here; nothing to race")
         return 0
-    kind, cpu = kinds.get(args.model), envinfo.int8_class()
+    kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
-    if not fp32.exists():
-        print(f"{paths.rel(fp32)} is not built: run `make build MODEL={kind.NAME}` first", file=sys.stderr)
-        return 2
-    committed = json.loads(at_rev(args.rev, recipe.recipe_path(kind)) or b"{}")
-    entry = (committed.get("served") or {}).get(cpu)
-    if not entry or entry.get("recipe") is None:
-        print(f"{kind.NAME}: no served INT8 recipe for the {cpu} class at {args.rev}; nothing to race", file=sys.stderr)
-        return 2
-    runtime = json.loads(at_rev(args.rev, runtime_choice.choice_path(kind)) or b"{}")
-    int8_variant = runtime.get("classes", {}).get(cpu, {}).get("models", {}).get(kind.INT8_MODEL, {}).get(
-        "runtime", DEFAULT)
-    r = Recipe.from_json(entry["recipe"])
-    digest, source = recipe.recipe_digest(entry["recipe"]), file_digest(fp32)
     with tempfile.TemporaryDirectory(prefix="tritonkit-bf16-race-") as tmp:
-        given, blob = None, at_rev(args.rev, recipe.params_path(kind, "served", {"class": cpu}))
-        if blob is not None:
-            (Path(tmp) / "params.npz").write_bytes(blob)
-            given = QuantParams.load(Path(tmp) / "params.npz")
-            applies, note = given.applies(source, digest, recipe.params_origin(kind))
-            if not applies:
-                print(f"committed parameters do not apply ({note}): calibrating")
-                given = None
         int8 = Path(tmp) / "int8.onnx"
-        quantize_with_params(fp32, int8, r.to_quant(kind.WEIGHT_OPS, name=kind.NAME), kind.calibration_batches,
-                             kind.calibration_batch_count(), False, given, digest, recipe.params_origin(kind), source)
+        try:
+            r, int8_variant = revision.served_int8(kind, args.rev, int8)
+        except revision.RevisionError as e:
+            print(e, file=sys.stderr)
+            return 2
         rows = {fp32_variant: speedup(kind, fp32, int8, kind.SPEED_BATCHES, variants=(fp32_variant, int8_variant))
                 for fp32_variant in (DEFAULT, BF16_COMPETITOR)}
     out = {"model": kind.NAME, "rev": args.rev, "recipe": r.describe(), "int8_variant": int8_variant,

@@ -134,3 +134,26 @@ def test_a_return_is_kept_only_where_it_holds_run_as_its_parent_is_served(whole_
     s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
     s.trim(r)
     assert ran == []
+
+
+@pytest.mark.parametrize("check_speed", [True, False])
+def test_the_trim_leaves_time_for_the_finer_granularity_step_after_it(whole_block, check_speed):
+    """A served trim starts a return only where the steps after it still fit: the trimmed recipe's confirmation and
+    race, then each granularity scheme on the whole split and its race (MPNet's returns, 50 s each, once took the
+    whole budget and the step never ran). TensorRT's form has no such step: the same budget starts its returns."""
+    import time
+
+    from tritonkit.int8.budget import Budget
+
+    r, _outlier, _activation, searcher = whole_block
+    s = searcher(check_speed)
+    s.measure("confirm", "the block float", r)
+    s._durations = {"confirm:split": [20.0], "speed": [10.0], "test": [20.0], "trim:sample": [1.0]}
+    reserve = s._reserve()
+    # the trimmed recipe's confirmation and race, then at least one scheme's whole split and race (MatMuls here)
+    assert s._after_trim(r) >= (20.0 + 10.0 + 20.0 + 10.0 if check_speed else 0.0)
+    s._deadline = time.perf_counter() + reserve + 30.0  # room for the returns, not for the served steps after them
+    s.budget_s, s.budget = 100.0, Budget(s._deadline, 100.0)
+    s.trim(r)
+    started = [st for st in s.steps if st.stage == "trim"]
+    assert (not started) == check_speed, [st.change for st in started]
