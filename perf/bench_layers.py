@@ -1,13 +1,14 @@
 """Where the served INT8 model's time goes, by group of nodes, before and after its float nodes turn INT8.
 
     python perf/bench_layers.py [--model text_embedding] [--variant served] [--batches 6 32] [--calls 32]
-                                [--repeats 3] [--granular nbits8-b32 ...] [--fp32] [--top 8]
+                                [--repeats 3] [--granular nbits8-b32 ...] [--fp32] [--top 8] [--rev REV]
 
 Profiles (tritonkit.perf.layers: onnxruntime's session profiler or OpenVINO's per-layer counters) the INT8 file as
 served on this machine (its packed form where built; `--variant` another runtime variant), one thread as one
 Triton instance runs it, on batches of random benchmark items fed as its backend feeds them. `--granular` adds the
 same file with its float weighted MatMuls (those the recipe keeps in float) rewritten by a run-time scheme of
-tritonkit.int8.granularity: the "after" of the search's finer-granularity step. `--fp32` adds the FP32 file.
+tritonkit.int8.granularity: the "after" of the search's finer-granularity step. `--fp32` adds the FP32 file,
+`--rev REV` the file REV's served recipe builds (tritonkit.perf.revision): the "before" of a re-search.
 Per file and batch size: microseconds per call and share of each group (INT8 linear, run-time INT8 linear,
 INT8-weight float linear, float linear, attention, quantize, other), then the costliest nodes. Files and batch sizes
 are profiled in interleaved repeats, each node's median time kept (the first profile in a process runs cold).
@@ -24,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import granularity
-from tritonkit.perf import layers
+from tritonkit.perf import layers, revision
 from tritonkit.repository import runtime_choice
 
 
@@ -50,12 +51,16 @@ def main() -> None:
     parser.add_argument("--granular", nargs="*", default=[], choices=granularity.SCHEMES)
     parser.add_argument("--fp32", action="store_true")
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--rev", help="also the INT8 file this git revision's served recipe builds (the \"before\")")
     args = parser.parse_args()
     kind = kinds.get(args.model)
     served_variant, path, _ = runtime_choice.served_int8(kind)
     variant = served_variant if args.variant == "served" else args.variant
     with tempfile.TemporaryDirectory(prefix="bench-layers-") as tmp:
         files = [("INT8 as served", path)]
+        if args.rev:
+            version = revision.served_version(kind, args.rev, Path(tmp) / "rev")
+            files.append((f"INT8 as {args.rev} served it", version / path.name))
         for scheme in args.granular:
             rewritten, count = granular_file(path, scheme, Path(tmp))
             files.append((f"INT8, {count} float MatMuls as {scheme}", rewritten))

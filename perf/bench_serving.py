@@ -1,7 +1,7 @@
 """Where a served pipeline's CPU goes, and what its serving choices are worth, in one run.
 
     python perf/bench_serving.py [--model text_embedding|image_classification] [--seconds 10] [--repeats 3]
-                                 [--variants generated buckets ...] [--profile-stubs]
+                                 [--variants generated buckets ...] [--profile-stubs] [--rev REV]
 
 Each variant is a scratch model repository holding the spec's ensemble, its preprocessor and its INT8 model
 (version directories linked, configs copied and edited through Triton's own schema), served by a fresh
@@ -14,7 +14,10 @@ process on the runtime and parameters of the encoder's config, tokenize + pack +
 ran (Triton's batch statistics) in the same proportions. `--profile-stubs` samples every Python stub with py-spy
 while the load runs (tritonkit.perf.stubprofile) and adds each stage's share of the stubs' samples: the runtime's
 run call, tokenization, packing, image decoding, tensor helpers, the rest of the stub's Python, its C++ (shared
-memory hand-offs). Variants are interleaved; the median of the repeats is printed.
+memory hand-offs). `--rev REV` adds, for each chosen variant, `<variant>@REV`: the same configs serving the INT8
+file REV's served recipe builds (tritonkit.perf.revision; text: packed and proven against the test-split gates
+as a build packs it), so today's recipe races an earlier one served. Variants are interleaved; the median of the
+repeats is printed.
 
 Text variants (the encoder's config):
   generated    the configs as `python -m tritonkit.repository.generate` writes them
@@ -55,7 +58,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from tritonkit import data, kinds, paths
 from tritonkit.kinds.text import OUTPUT
-from tritonkit.perf import lab, load, peers, stats, stubprofile
+from tritonkit.perf import lab, load, peers, revision, stats, stubprofile
 from tritonkit.perf.analyzer import cpu_ms_per_item
 from tritonkit.repository import variants as rv
 from tritonkit.runtime.server import TritonServer
@@ -135,9 +138,10 @@ def loaded(kind, fused: bool = False) -> list[str]:
     return models(kind, fused)[:1] if fused else models(kind, fused)
 
 
-def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
+def scratch_repository(kind, root: Path, edit, fused: bool = False, int8: Path | None = None) -> Path:
     """The ensemble's models (or the fused model), their files linked, the encoder's (or the fused model's) config
-    edited by `edit`, or each role's config by its edit where `edit` is {"preprocessor" | "model": edit}."""
+    edited by `edit`, or each role's config by its edit where `edit` is {"preprocessor" | "model": edit}. `int8`: a
+    version directory served as the INT8 model's instead of its own (revision.served_version)."""
     roles = {"model": models(kind, fused)[0] if fused else kind.INT8_MODEL, "preprocessor": kind.PREPROCESSOR}
     edits = {roles[role]: e for role, e in (edit if isinstance(edit, dict) else {"model": edit}).items()}
     for model in models(kind, fused):
@@ -145,7 +149,8 @@ def scratch_repository(kind, root: Path, edit, fused: bool = False) -> Path:
         dst.mkdir(parents=True)
         for entry in src.iterdir():
             if entry.name != "config.pbtxt":
-                (dst / entry.name).symlink_to(entry.resolve())
+                linked = int8 if model == kind.INT8_MODEL and entry.name == "1" and int8 is not None else entry
+                (dst / entry.name).symlink_to(linked.resolve())
         cfg = text_format.Parse((src / "config.pbtxt").read_text(), mc.ModelConfig())
         if edits.get(model) is not None:
             edits[model](cfg)
@@ -172,8 +177,8 @@ def _driver(unit: str, server, items: list, model: str):
     return drive
 
 
-def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: list[str], seconds: float = 3.0
-                      ) -> float:
+def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: list[str], seconds: float = 3.0,
+                      int8: Path | None = None) -> float:
     """CPU ms per text of the file the served encoder ran, on the runtime and parameters of its (edited) config,
     in this process: tokenize + pack (or pad) + run, over the batch sizes the server ran in the same proportions."""
 
@@ -184,7 +189,7 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
 
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     runtime = params.get("runtime", cfg.backend) if cfg.backend == "python" else cfg.backend
-    path = paths.MODEL_REPOSITORY / kind.INT8_MODEL / "1" / "model.onnx"
+    path = (int8 or paths.MODEL_REPOSITORY / kind.INT8_MODEL / "1") / "model.onnx"
     packed = runtime_choice.served_file(path)
     if "packed_model" in params or cfg.backend == "python":
         path = packed
@@ -208,10 +213,10 @@ def in_process_cpu_ms(kind, cfg: mc.ModelConfig, counts: dict[int, int], texts: 
     return cpu_ms_per_item(run, calls, seconds)
 
 
-def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False, profile: bool = False
-            ) -> dict[str, float]:
+def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = False, profile: bool = False,
+            int8: Path | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp, \
-            TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused),
+            TritonServer.on_free_ports(model_repository=scratch_repository(kind, Path(tmp), edit, fused, int8),
                                        models=loaded(kind, fused)) as server:
         drive = _driver(unit, server, items, models(kind, fused)[0])
         drive(2.0)  # warm-up
@@ -247,7 +252,7 @@ def measure(kind, unit: str, edit, items: list, seconds: float, fused: bool = Fa
     if unit == "texts":  # every tritonserver process against the same file run in-process at the same batch sizes
         server_ms = 1000 * sum(v - before.get(k, 0.0) for k, v in after.items()) / (rate * wall)
         out["server CPU ms/text"] = server_ms
-        out["in-process CPU ms/text"] = in_process_cpu_ms(kind, cfg, counts, items)
+        out["in-process CPU ms/text"] = in_process_cpu_ms(kind, cfg, counts, items, int8=int8)
         out["server ÷ in-process CPU"] = server_ms / out["in-process CPU ms/text"]
     return out
 
@@ -260,6 +265,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", help="a subset of the variants named in the docstring")
     parser.add_argument("--profile-stubs", action="store_true",
                         help="sample every stub with py-spy while it runs: the share of each stage")
+    parser.add_argument("--rev", help="also serve the INT8 file this git revision's served recipe builds, in each "
+                                      "chosen variant (<variant>@REV)")
     args = parser.parse_args()
     if args.profile_stubs and stubprofile.executable() is None:
         parser.error("--profile-stubs needs py-spy (requirements.txt)")
@@ -267,11 +274,16 @@ def main() -> None:
     items = data.split("benchmark") if unit == "texts" else load.real_images()
     variants = {n: e for n, e in VARIANTS[unit].items() if (n in args.variants if args.variants else True)
                 and (not n.startswith(FUSED) or kind.spec.serving.fused)}
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for _ in range(args.repeats):
-        for name, edit in variants.items():
-            runs[name].append(measure(kind, unit, edit, items, args.seconds, fused=name.startswith(FUSED),
-                                      profile=args.profile_stubs))
+    with tempfile.TemporaryDirectory(prefix="bench-serving-rev-") as tmp:
+        int8s = {"": None, **({f"@{args.rev}": revision.served_version(kind, args.rev, Path(tmp))}
+                               if args.rev else {})}
+        runs: dict[str, list[dict[str, float]]] = {v + at: [] for v in variants for at in int8s}
+        for _ in range(args.repeats):
+            for name, edit in variants.items():
+                for at, int8 in int8s.items():
+                    runs[name + at].append(measure(kind, unit, edit, items, args.seconds,
+                                                   fused=name.startswith(FUSED), profile=args.profile_stubs,
+                                                   int8=int8))
     keys = list(dict.fromkeys(k for rs in runs.values() for r in rs for k in r))
     print(f"{args.model} served, 16 callers, median of {args.repeats} interleaved repeats of "
           f"{args.seconds:g} s, {os.cpu_count()} cores")

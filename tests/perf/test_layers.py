@@ -114,3 +114,16 @@ def test_kernel_names_say_openvino_precision():
     # A MatMulNBits node: INT8 math where the kernel quantizes activations, else INT8 weights in float math.
     assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_amx_I8") == layers.RUNTIME_INT8
     assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_bf16", attention=True) == layers.WEIGHT_ONLY
+
+
+def test_openvino_counts_a_matmul_nbits_node_as_int8_weights_not_other(tmp_path):
+    """OpenVINO runs nbits8-b32's MatMulNBits as FullyConnectedCompressed: INT8 math where its kernel quantizes the
+    activations, else INT8 weights in float math (AVX-512 VNNI without AMX); either way its own group."""
+    pytest.importorskip("openvino")
+    path = tmp_path / "model.onnx"
+    onnx.save(granularity.apply(_model(), granularity.NBITS, ["float"]), str(path))
+    prof = layers.profile(path, "openvino", _feeds(), calls=4)
+    compressed = [t for t in prof.layers if t.op.startswith("FullyConnectedCompressed/")]
+    assert compressed, [t.op for t in prof.layers]
+    assert {t.group for t in compressed} <= {layers.WEIGHT_ONLY, layers.RUNTIME_INT8}
+    assert not [t for t in prof.layers if t.group == layers.FLOAT_LINEAR]  # the only float MatMul was rewritten

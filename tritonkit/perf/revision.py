@@ -2,6 +2,7 @@
 against an earlier one on one machine in one run (perf/bench_bf16_race.py, perf/bench_serving.py --rev).
 
     r, variant = revision.served_int8(kind, "de26b58", tmp / "int8.onnx")
+    version = revision.served_version(kind, "de26b58", tmp)   # tmp/1/model.onnx (+ model.packed.onnx)
 
 Built from the revision's recipe for this CPU class and its committed quantization parameters (calibrating only
 where they do not apply to this FP32 file) as a replay builds it (tritonkit.int8.decide: the same builder, run-time
@@ -66,3 +67,21 @@ def served_int8(kind, rev: str, out: Path, log=print):
         finally:
             builder.close()
     return r, variant
+
+
+def served_version(kind, rev: str, root: Path, log=print) -> Path:
+    """A version directory `root`/1 holding the INT8 file `rev`'s served recipe builds and, for a packable text
+    encoder, its packed form, proven against the served form's test-split gates as `make build` proves it."""
+    from tritonkit.int8 import evaluate
+    from tritonkit.int8.gates import for_form
+
+    version = Path(root) / "1"
+    version.mkdir(parents=True)
+    r, variant = served_int8(kind, rev, version / "model.onnx", log)
+    log(f"{rev}: {r.describe()} (INT8 served on {variant} there)")
+    if getattr(kind, "packable", False):
+        fp32 = paths.model_file(kind.FP32_MODEL)
+        gates = for_form(kind, fp32, "served")
+        kind.write_packed(version / "model.onnx", fp32, lambda m: gates.missed("test", m),
+                          evaluate.reference(kind, fp32, "test"))
+    return version
