@@ -1216,7 +1216,9 @@ def test_a_re_search_trims_the_committed_candidate_before_any_start(tiny, tmp_pa
                            min_int8_share=0.0, committed=(committed, params)).run()
     stages = [s.stage for s in result.steps]
     assert stages[:4] == ["committed", "trim", "trim", "confirm"], stages
-    assert [s.passed for s in result.steps[1:3]] == [False, True]  # the sensitive layer stays, the other returns
+    # Last added first: the other layer returns, then the sensitive one, tried, stays.
+    assert [s.change.split(" back")[0] for s in result.steps[1:3]] == [other, sensitive]
+    assert [s.passed for s in result.steps[1:3]] == [True, False]
     assert result.passed and result.recipe.float_nodes == [sensitive], result.recipe
 
 

@@ -183,8 +183,9 @@ class Fallbacks:
         its float nodes put back in INT8 one at a time, each kept where every gate still holds on the sample, which
         screens at the gates themselves; the whole split decides with the margin. The fallback puts whole units
         in float (a large graph's are blocks: an MBConv's expand, depthwise and project convs), where one node of a
-        unit may be all that needs float. Least sensitive first (its unit's gain in `ranked`, then the rest in the
-        recipe's order); run-time quantized nodes stay as they are. Each step is an option the budget may skip.
+        unit may be all that needs float. Least sensitive first: by its unit's gain in `ranked`, then the rest last
+        added first (a fallback adds units most sensitive first, so a recipe's float nodes run from the most to the
+        least sensitive); run-time quantized nodes stay as they are. Each step is an option the budget may skip.
         Returns the trimmed recipe the whole split confirms (where all the returns miss there, the longest run of
         them in the order they were kept that holds, bisected), else None."""
         gain: dict[str, float] = {}
@@ -193,7 +194,7 @@ class Fallbacks:
                 gain[m] = min(gain.get(m, g), g)
         dynamic = set(r.dynamic_nodes)
         nodes = [n for n in r.float_nodes if n not in dynamic]
-        order = sorted(nodes, key=lambda n: (n not in gain, gain.get(n, 0.0), nodes.index(n)))
+        order = sorted(nodes, key=lambda n: (n not in gain, gain.get(n, 0.0), -nodes.index(n)))
         self._hard_rows(replace(r, float_nodes=[n for n in r.float_nodes if n in dynamic]))
         self._plan("trim:sample", len(order))
         served = self._variants(r)[1] if self.check_speed else DEFAULT  # the runtime r is timed on
