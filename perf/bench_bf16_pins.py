@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, judge
 from tritonkit.int8.params import file_digest
-from tritonkit.int8.recipe import load_recipes, quant_params
-from tritonkit.int8.records import Recipe
+from tritonkit.int8.recipe import committed_candidate, load_recipes
 from tritonkit.int8.search import Search
 from tritonkit.serving.runtimes import openvino_core, openvino_properties, variant_config
 
@@ -72,12 +71,10 @@ def main() -> None:
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
     entry = (load_recipes(kind, None) or {}).get("served") or {}
-    found = entry.get("recipe") or (entry.get("accurate") or {}).get("recipe")
-    params = found and quant_params(kind, "served", {"recipe": found, "class": entry.get("borrowed_from")}, fp32,
-                                    file_digest(fp32))[0]
-    if not params:
+    candidate = committed_candidate(kind, "served", entry, fp32, file_digest(fp32))
+    if candidate is None:
         raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file")
-    recipe = Recipe.from_json(found)
+    recipe, params = candidate
     if args.float_nodes:
         recipe = replace(recipe, float_nodes=json.loads(args.float_nodes.read_text())["float_nodes"])
     search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=lambda _m: None, margin=0.0,

@@ -17,7 +17,6 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -27,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, judge
 from tritonkit.int8.params import file_digest
-from tritonkit.int8.recipe import load_recipes, quant_params
-from tritonkit.int8.records import Recipe
+from tritonkit.int8.recipe import committed_candidate, load_recipes
 from tritonkit.int8.search import MARGIN, Search
 from tritonkit.int8.speed import race
 
@@ -51,14 +49,10 @@ def main() -> None:
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
     entry = (load_recipes(kind, args.cpu_class) or {}).get("served") or {}
-    found = entry.get("recipe") or (entry.get("accurate") or {}).get("recipe")
-    params, why = None, "none committed"
-    if found:  # the parameters of the class that searched it
-        params, why, _ = quant_params(kind, "served", {"recipe": found, "class": entry.get("borrowed_from")}, fp32,
-                                      file_digest(fp32))
-    if params is None:
-        raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file ({why})")
-    recipe = Recipe.from_json(found)
+    candidate = committed_candidate(kind, "served", entry, fp32, file_digest(fp32))  # the donor's parameters too
+    if candidate is None:
+        raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file")
+    recipe, params = candidate
     print(f"{kind.NAME}: {recipe.describe()} ({entry.get('status')}, class {entry.get('borrowed_from') or 'own'}), "
           f"this CPU {envinfo.int8_class()}, margin {args.margin}")
     search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=print, margin=args.margin,
@@ -89,7 +83,7 @@ def main() -> None:
         files = {}
         for name, r in (("parent", recipe), ("trimmed", trimmed)):
             files[name] = Path(tmp) / f"{name}.onnx"
-            onnx.save(search.build(replace(r)), str(files[name]))
+            onnx.save(search.build(r), str(files[name]))
         raced = race(kind, (fp32_variant, fp32), (int8_variant, files["parent"]),
                      {"trimmed": (int8_variant, files["trimmed"])}, kind.SPEED_BATCHES)
         # What the trim judged in exact int32 arithmetic, run as the INT8 variant serves it (bf16 moves top-1).

@@ -195,10 +195,10 @@ class Fallbacks:
         dynamic = set(r.dynamic_nodes)
         nodes = [n for n in r.float_nodes if n not in dynamic]
         order = sorted(nodes, key=lambda n: (n not in gain, gain.get(n, 0.0), -nodes.index(n)))
+        later = self._after_trim(r)  # before the hard rows' graph: r's own is most likely the one built last
         self._hard_rows(replace(r, float_nodes=[n for n in r.float_nodes if n in dynamic]))
         self._plan("trim:sample", len(order))
         served = self._variants(r)[1] if self.check_speed else DEFAULT  # the runtime r is timed on
-        later = self._after_trim(r)
         current, back = r, []
         for i, node in enumerate(order):
             candidate = replace(current, float_nodes=[n for n in current.float_nodes if n != node])
@@ -239,13 +239,10 @@ class Fallbacks:
         and race against its parent, then the finer-granularity step on what stays float (each scheme judged on the
         whole split, then raced). MPNet's trim, at 50 s a return, took a 40-minute budget before that step ran;
         its 33 float MatMuls as nbits8-b32 cut a batch of 8 from 144 to 123 ms in OpenVINO bf16 (FP32: 162 ms)."""
-        from tritonkit.int8 import granularity
-
         if not self.check_speed:
             return 0.0
         split, speed = self.estimate("confirm:split") or 0.0, self.estimate("speed") or 0.0
-        model = self.build(r)
-        schemes = sum(bool(granularity.eligible(model, r.float_nodes, name)) for name in granularity.SCHEMES)
+        schemes = len(self.granular_nodes(r))
         return split + speed + (schemes * split + speed if schemes else 0.0)
 
     def _holds_served(self, r: Recipe, variant: str) -> bool:

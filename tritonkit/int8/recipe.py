@@ -76,11 +76,12 @@ def _log(msg: str) -> None:
 def committed_candidate(kind, form: str, entry: dict | None, fp32: Path, source: str):
     """(Recipe, QuantParams) a re-search judges first (Search.committed_first): this class's committed recipe for
     `form`, or the accurate candidate its speed gate rejected, with the parameters that build it without a
-    calibration pass. None without one, or where its parameters do not apply to this FP32 graph (said)."""
+    calibration pass (a donor's entry, `borrowed_from`: the donor class's). None without one, or where its
+    parameters do not apply to this FP32 graph (said)."""
     found = entry and (entry.get("recipe") or (entry.get("accurate") or {}).get("recipe"))
     if not found:
         return None
-    given, why, _ = quant_params(kind, form, {"recipe": found}, fp32, source)
+    given, why, _ = quant_params(kind, form, {"recipe": found, "class": entry.get("borrowed_from")}, fp32, source)
     if given is None:
         _log(f"{kind.NAME} {form}: the committed candidate is not judged first ({why}): searching from the starts")
         return None

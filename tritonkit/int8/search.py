@@ -424,18 +424,13 @@ class Search(Planner, Fallbacks):
         Returns [(recipe, speed)]: the parent (its speed from the race where a scheme is offered) and those, for the
         speed gate and the test split to choose among (the fastest holding wins). The served form's step before
         float; TensorRT's form runs only explicit Q/DQ, so it never takes one."""
-        from tritonkit.int8 import granularity
-
         r = timed[0]
-        if not self.check_speed or r.dynamic or _key(r) in self._granular_tried:
-            return [timed]  # a recipe found twice (committed, then the prior) competes with its variants once
+        schemes = self.granular_nodes(r)
         self._granular_tried.add(_key(r))
-        model = self.build(r)
+        if not schemes:
+            return [timed]
         held = []
-        for name in granularity.SCHEMES:
-            nodes = granularity.eligible(model, r.float_nodes, name)
-            if not nodes:
-                continue
+        for name, nodes in schemes.items():
             g = r.with_dynamic(name, nodes)
             # An option: skipped alone where it cannot also leave its timing's time.
             step = self.measure("granular", f"{len(nodes)} float MatMuls as {name}", g,
@@ -459,6 +454,18 @@ class Search(Planner, Fallbacks):
                 out.append((g, speed))
         # Offered schemes rank against the parent's time from the same race; else its own timing stands.
         return [(r, speeds[0]) if out else timed, *out]
+
+    def granular_nodes(self, r: Recipe) -> dict[str, list[str]]:
+        """{scheme: `r`'s float nodes it can run} for each scheme the finer-granularity step (`granular`) would try
+        on `r`; empty where that step does not run: no speed gate, `r` already has run-time quantized nodes, or `r`
+        was tried (a recipe found twice, committed then the prior, competes with its variants once)."""
+        from tritonkit.int8 import granularity
+
+        if not self.check_speed or r.dynamic or _key(r) in self._granular_tried:
+            return {}
+        model = self.build(r)
+        found = {name: granularity.eligible(model, r.float_nodes, name) for name in granularity.SCHEMES}
+        return {name: nodes for name, nodes in found.items() if nodes}
 
     def race_parent(self, r: Recipe, rivals: Sequence[Recipe]) -> list[dict[str, float]]:
         """`r` and its `rivals` timed interleaved with FP32 in one run (tritonkit.int8.speed.race): [r's speed,
