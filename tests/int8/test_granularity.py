@@ -18,7 +18,7 @@ from tritonkit.int8.evaluate import session
 from tritonkit.int8.records import Recipe
 from tritonkit.kinds.gates import Target
 
-WIDTH = 64
+WIDTH = 128  # a multiple of every scheme's block, so each can run the outlier layer
 
 
 class MatMulSpec(TinySpec):
@@ -87,7 +87,7 @@ def test_a_scheme_keeps_the_outlier_layer_accurate_where_a_static_range_cannot(m
     assert granularity.eligible(builder.build(floated), floated.float_nodes, scheme) == [outlier]
     dynamic = floated.with_dynamic(scheme, [outlier])
     graph = builder.build(dynamic)
-    op = {"nbits8-b32": "MatMulNBits", "token-g4": "MatMulInteger"}[scheme]
+    op = "MatMulNBits" if scheme in granularity.BLOCKS else "MatMulInteger"
     assert [n.name for n in graph.graph.node if n.op_type == op] == [outlier]
     assert outlier not in {n.name for n in graph.graph.node if n.op_type == "MatMul"}
     all_int8 = _cosine_min(ref, _run(builder.build(static), feeds))
@@ -224,6 +224,62 @@ def test_a_scheme_is_offered_only_where_it_beats_its_parent_head_to_head(model):
     assert slower.granular((r, {"int8_speedup": 1.4})) == [(r, {"int8_speedup": 1.4})]
 
 
+def test_a_recipe_quantized_at_run_time_meets_the_other_schemes_on_the_same_nodes(model):
+    """A committed recipe already quantized at run time (nbits8-b32) meets the other schemes on its run-time nodes,
+    not on its remaining float nodes (the activation product no scheme runs); here (scripted) the coarser block
+    beats it head to head and is offered beside it, token-g4 does not."""
+    path, outlier, activation = model
+    r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation]).with_dynamic(
+        granularity.NBITS, [outlier])
+    served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    assert served.granular_nodes(r) == {granularity.NBITS_COARSE: [outlier], granularity.TOKEN_GROUPS: [outlier]}
+    served.race_parent = _scripted_race(granularity.NBITS_COARSE).__get__(served)
+    offered = served.granular((r, {"int8_speedup": 1.2}))
+    assert [g.dynamic["scheme"] for g, _ in offered] == [granularity.NBITS, granularity.NBITS_COARSE]
+    assert offered[1][0] == r.with_dynamic(granularity.NBITS_COARSE, [outlier])
+    assert served.granular_nodes(r) == {}  # tried once
+
+
+@pytest.mark.parametrize("scheme", sorted(granularity.BLOCKS))
+def test_openvino_quantizes_a_matmul_nbits_file_by_the_groups_onnxruntime_judged(scheme, tmp_path):
+    """The served runner sets OpenVINO's run-time activation groups to the file's block, so OpenVINO computes what
+    the search judged on onnxruntime: its output tracks onnxruntime's exact one far closer than the same file with
+    OpenVINO's activation quantization off (float activations x INT8 weights), on activations with an outlier
+    channel (what makes the group size matter)."""
+    pytest.importorskip("openvino")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tritonkit import envinfo
+    from tritonkit.serving.runtimes import open_variant, openvino_core
+
+    if envinfo.int8_class() != "vnni":
+        pytest.skip(f"OpenVINO quantizes activations at run time only on a VNNI CPU; this one is "
+                    f"{envinfo.int8_class()}")
+    k, n = 2 * granularity.BLOCKS[scheme], 64
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(k, n)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])],
+                              [numpy_helper.from_array(w, "w")])
+    model = granularity.apply(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                              scheme, ["mm"])
+    path = tmp_path / "nbits.onnx"
+    onnx.save(model, str(path))
+    x = rng.normal(size=(16, k)).astype(np.float32)
+    x[:, 5] *= 200.0  # one outlier channel, in the first group only
+    judged = session(model, 1, exact=True).run(None, {"x": x})[0]
+    served = open_variant("openvino", path, 1)
+    assert served.runner.properties["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == granularity.BLOCKS[scheme]
+    assert int(served.runner.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == granularity.BLOCKS[scheme]
+    got = served.run(["y"], {"x": x})[0]
+    props = {**served.runner.properties, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+    unquantized = openvino_core().compile_model(str(path), "CPU", props).create_infer_request().infer({"x": x})[0]
+    off = np.abs(unquantized - judged).max()
+    assert off > 0  # activation quantization changes the result, so the comparison below can tell
+    assert np.abs(got - judged).max() < off / 4, (np.abs(got - judged).max(), off)
+
+
 def test_a_race_times_the_parent_and_its_rivals_in_one_interleaved_run(model):
     """The real timing (tritonkit.int8.speed.race) on the small model: every file has its ratio to FP32, each rival
     its ratio over the parent, all from the same samples. Which is faster is not asserted (a benchmark's question)."""
@@ -259,14 +315,15 @@ def test_an_unknown_scheme_is_a_typed_error_naming_the_field():
 
 
 
-def test_nbits_sums_int8_products_exactly_on_this_cpu():
-    """The search judges `nbits8-b32` in the arithmetic its session computes on this CPU. onnxruntime's u8s8 GEMM
-    without VNNI adds pairs of products in a saturating int16; were these kernels to, a judgement would hold on
-    this class only. Activations at +-127 per block (their scale 1, codes exact) against weights at the code
+@pytest.mark.parametrize("block", sorted(granularity.BLOCKS.values()))
+def test_nbits_sums_int8_products_exactly_on_this_cpu(block):
+    """The search judges the MatMulNBits schemes in the arithmetic its session computes on this CPU. onnxruntime's
+    u8s8 GEMM without VNNI adds pairs of products in a saturating int16; were these kernels to, a judgement would
+    hold on this class only. Activations at +-127 per block (their scale 1, codes exact) against weights at the code
     extremes: every pair sum is as large as int8 products get."""
     from onnx import TensorProto, helper, numpy_helper
 
-    k, n = 2 * granularity.BLOCK, 8
+    k, n = 2 * block, 8
     w = np.where(np.arange(n) % 2, -1.0, 1.0).astype(np.float32)[None, :].repeat(k, 0)
     w[:, 2] = np.linspace(-1, 1, k)  # one column of mixed codes
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
@@ -274,18 +331,18 @@ def test_nbits_sums_int8_products_exactly_on_this_cpu():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])],
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    model = granularity.nbits(model, ["mm"])
+    model = granularity.nbits(model, ["mm"], block)
     node = next(x for x in model.graph.node if x.op_type == "MatMulNBits")
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     codes = inits[node.input[1]].reshape(n, k).astype(np.float64) - 128  # 8-bit symmetric: zero point 128
-    scales = inits[node.input[2]].reshape(n, k // granularity.BLOCK).astype(np.float64)
-    w_deq = (codes * np.repeat(scales, granularity.BLOCK, 1)).T
+    scales = inits[node.input[2]].reshape(n, k // block).astype(np.float64)
+    w_deq = (codes * np.repeat(scales, block, 1)).T
     rng = np.random.default_rng(0)
     x = np.full((5, k), 127.0)
     x[1] = -127.0
     x[2, ::2] = -127.0
     x[3:] = rng.integers(-127, 128, (2, k))
-    x[3:, :: granularity.BLOCK] = 127.0  # each block's max |x| is 127: scale 1, codes exact
+    x[3:, :: block] = 127.0  # each block's max |x| is 127: scale 1, codes exact
     got = session(model, 1, exact=True).run(None, {"x": x.astype(np.float32)})[0]
     ref = x @ w_deq
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3 * np.abs(ref).max())

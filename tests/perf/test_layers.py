@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tritonkit.int8 import granularity
 from tritonkit.perf import layers
 
-K = 64
+K = 128  # a multiple of every MatMulNBits scheme's block
 
 
 def _model() -> onnx.ModelProto:

@@ -89,9 +89,9 @@ def test_int8_forms_are_what_their_recipes_say(built):
     assert kept <= set(matmuls), kept - set(matmuls)
     assert not dynamic & set(matmuls), dynamic & set(matmuls)
     if dynamic:
-        from tritonkit.int8.granularity import NBITS
+        from tritonkit.int8.granularity import BLOCKS
 
-        op = "MatMulNBits" if served["dynamic"]["scheme"] == NBITS else "MatMulInteger"
+        op = "MatMulNBits" if served["dynamic"]["scheme"] in BLOCKS else "MatMulInteger"
         assert sum(n.op_type == op for n in model.graph.node) >= len(dynamic)
     assert not any(matmuls[n] for n in kept) and all(q for n, q in matmuls.items() if n not in kept)
     assert search.Recipe.from_json(served).to_quant(minilm.WEIGHT_OPS).activation_type == served["form"]

@@ -456,13 +456,20 @@ class Search(Planner, Fallbacks):
         return [(r, speeds[0]) if out else timed, *out]
 
     def granular_nodes(self, r: Recipe) -> dict[str, list[str]]:
-        """{scheme: `r`'s float nodes it can run} for each scheme the finer-granularity step (`granular`) would try
-        on `r`; empty where that step does not run: no speed gate, `r` already has run-time quantized nodes, or `r`
-        was tried (a recipe found twice, committed then the prior, competes with its variants once)."""
+        """{scheme: the nodes it would run} for each scheme the finer-granularity step (`granular`) would try on
+        `r`: `r`'s float nodes it can run; for a recipe already quantized at run time, each other scheme that can
+        run all of its run-time nodes (a committed `nbits8-b32` meets `nbits8-b128`). Empty where that step does
+        not run: no speed gate, or `r` was tried (a recipe found twice, committed then the prior, competes with
+        its variants once)."""
         from tritonkit.int8 import granularity
 
-        if not self.check_speed or r.dynamic or _key(r) in self._granular_tried:
+        if not self.check_speed or _key(r) in self._granular_tried:
             return {}
+        if r.dynamic:
+            own, nodes = r.dynamic["scheme"], list(r.dynamic["nodes"])
+            model = self.build(replace(r, dynamic={}))
+            return {name: nodes for name in granularity.SCHEMES
+                    if name != own and granularity.eligible(model, nodes, name) == nodes}
         model = self.build(r)
         found = {name: granularity.eligible(model, r.float_nodes, name) for name in granularity.SCHEMES}
         return {name: nodes for name, nodes in found.items() if nodes}

@@ -192,10 +192,12 @@ def _ort(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[Layer
 def _openvino(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[LayerTime, ...]:
     import onnx
 
-    from tritonkit.serving.runtimes import openvino_core, openvino_properties
+    from tritonkit.serving.runtimes import openvino_core, openvino_file_properties, openvino_properties
 
-    attention = attention_nodes(onnx.load(str(path), load_external_data=False))
-    compiled = openvino_core().compile_model(str(path), "CPU", {**openvino_properties(config), "PERF_COUNT": True})
+    graph = onnx.load(str(path), load_external_data=False)
+    attention = attention_nodes(graph)
+    compiled = openvino_core().compile_model(str(path), "CPU", {**openvino_properties(config),
+                                                                **openvino_file_properties(graph), "PERF_COUNT": True})
     request = compiled.create_infer_request()
     inputs = {name for port in compiled.inputs for name in port.get_names()}
     feeds = [{k: v for k, v in f.items() if k in inputs} for f in feeds]

@@ -75,6 +75,16 @@ def openvino_properties(config: dict) -> dict[str, object]:
     return props
 
 
+def openvino_file_properties(graph) -> dict[str, object]:
+    """compile_model properties a served file (a ModelProto, or None) implies: where it has MatMulNBits nodes, the
+    group OpenVINO quantizes their activations by at run time, set to their block, so it computes what the search
+    judged on onnxruntime (tritonkit.int8.granularity)."""
+    from tritonkit.int8.granularity import openvino_group_size
+
+    group = openvino_group_size(graph) if graph is not None else None
+    return {} if group is None else {"DYNAMIC_QUANTIZATION_GROUP_SIZE": group}
+
+
 class OrtRunner:
     """onnxruntime's CPU provider, with the arena handed back after bursts (backend_utils.ArenaRelease)."""
 
@@ -122,7 +132,8 @@ class OpenVinoRunner:
 
         core = openvino_core()
         self.path = Path(path)
-        self.properties = openvino_properties(config)
+        graph = onnx.load(str(path), load_external_data=False) if self.path.suffix == ".onnx" else None
+        self.properties = {**openvino_properties(config), **openvino_file_properties(graph)}
         self.compiled = core.compile_model(str(path), "CPU", self.properties)
         self.request = self.compiled.create_infer_request()
         self.static: dict[tuple, object] = {}  # feed shapes -> an infer request of a model compiled for them
@@ -131,8 +142,7 @@ class OpenVinoRunner:
         self.input_shapes = {name: [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
                              for port in self.compiled.inputs for name in port.get_names()}
         # OpenVINO drops ONNX metadata_props; the packed pooling and fallback marks live there (an IR has none).
-        meta = onnx.load(str(path), load_external_data=False).metadata_props if Path(path).suffix == ".onnx" else []
-        self.metadata = {p.key: p.value for p in meta}
+        self.metadata = {p.key: p.value for p in graph.metadata_props} if graph is not None else {}
         self.client_errors = ()
         # Only onnxruntime keeps an arena to release; the counter stays 0 here.
         self.arena = None
