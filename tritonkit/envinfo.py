@@ -69,6 +69,13 @@ def int8_sums_exact(features: list[str] | None = None) -> bool:
     return int8_class(features) == "vnni"
 
 
+def openvino_quantizes_at_run_time(features: list[str] | None = None) -> bool:
+    """Whether OpenVINO's CPU plugin can quantize a compressed-weight layer's activations at run time here: it
+    needs AVX2-VNNI or AVX-512 VNNI (dnnl_fullyconnected's useDynamicQuantizationImpl); read from the CPU itself,
+    never from a faked class."""
+    return bool(set(cpu_flags() if features is None else features) & {"avx512_vnni", "avx_vnni"})
+
+
 def has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (no runtime offers bf16 without it). bf16 exists only on AVX-512
     CPUs, so a class faked as "avx2" or "generic" has none, nor one with $TRITONKIT_NO_BF16=1."""

@@ -114,16 +114,22 @@ def test_kernel_names_say_openvino_precision():
     # A MatMulNBits node: INT8 math where the kernel quantizes activations, else INT8 weights in float math.
     assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_amx_I8") == layers.RUNTIME_INT8
     assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_bf16", attention=True) == layers.WEIGHT_ONLY
+    # On a VNNI CPU the plugin quantizes its activations at run time under a kernel named for its input precision.
+    assert layers.ov_group("FullyConnectedCompressed", "brgemm_avx512_bf16", run_time_int8=True) == \
+        layers.RUNTIME_INT8
 
 
 def test_openvino_counts_a_matmul_nbits_node_as_int8_weights_not_other(tmp_path):
-    """OpenVINO runs nbits8-b32's MatMulNBits as FullyConnectedCompressed: INT8 math where its kernel quantizes the
-    activations, else INT8 weights in float math (AVX-512 VNNI without AMX); either way its own group."""
+    """OpenVINO runs a MatMulNBits node as FullyConnectedCompressed: INT8 math where the plugin quantizes its
+    activations at run time (a VNNI CPU), else INT8 weights in float math; either way not "other"."""
     pytest.importorskip("openvino")
     path = tmp_path / "model.onnx"
     onnx.save(granularity.apply(_model(), granularity.NBITS, ["float"]), str(path))
     prof = layers.profile(path, "openvino", _feeds(), calls=4)
     compressed = [t for t in prof.layers if t.op.startswith("FullyConnectedCompressed/")]
     assert compressed, [t.op for t in prof.layers]
-    assert {t.group for t in compressed} <= {layers.WEIGHT_ONLY, layers.RUNTIME_INT8}
+    from tritonkit import envinfo
+
+    want = layers.RUNTIME_INT8 if envinfo.openvino_quantizes_at_run_time() else layers.WEIGHT_ONLY
+    assert {t.group for t in compressed} == {want}
     assert not [t for t in prof.layers if t.group == layers.FLOAT_LINEAR]  # the only float MatMul was rewritten

@@ -20,6 +20,8 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tritonkit import envinfo
+
 INT8_LINEAR, RUNTIME_INT8, FLOAT_LINEAR = "INT8 linear", "run-time INT8 linear", "float linear"
 WEIGHT_ONLY = "INT8-weight float linear"
 ATTENTION, QUANTIZE, OTHER = "attention", "quantize", "other"
@@ -119,12 +121,14 @@ def ort_group(op: str, node: str | None, weighted: set[str], runtime: set[str] =
     return ATTENTION if op == "Softmax" else OTHER
 
 
-def ov_group(layer_type: str, kernel: str, attention: bool = False) -> str:
+def ov_group(layer_type: str, kernel: str, attention: bool = False, run_time_int8: bool = False) -> str:
     """The group of an OpenVINO layer; its kernel name carries the precision it ran in (`..._I8`, `..._bf16`).
-    `attention`: the layer is named after an attention node (`attention_nodes`), as a fused attention block is."""
+    `attention`: the layer is named after an attention node (`attention_nodes`), as a fused attention block is.
+    `run_time_int8`: the plugin quantizes compressed-weight layers' activations at run time (a VNNI CPU and a
+    non-zero DYNAMIC_QUANTIZATION_GROUP_SIZE), which their kernel's name, after its input precision, omits."""
     int8 = any(p in kernel.lower() for p in ("i8", "u8"))
     if layer_type in _OV_COMPRESSED:
-        return RUNTIME_INT8 if int8 else WEIGHT_ONLY
+        return RUNTIME_INT8 if int8 or run_time_int8 else WEIGHT_ONLY
     if attention and layer_type not in _OV_WEIGHTED:
         return ATTENTION
     if layer_type in _OV_WEIGHTED:
@@ -198,6 +202,9 @@ def _openvino(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[
     attention = attention_nodes(graph)
     compiled = openvino_core().compile_model(str(path), "CPU", {**openvino_properties(config),
                                                                 **openvino_file_properties(graph), "PERF_COUNT": True})
+    # The plugin's own condition for quantizing a compressed-weight layer's activations (dnnl_fullyconnected).
+    run_time_int8 = envinfo.openvino_quantizes_at_run_time() and \
+        int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) > 0
     request = compiled.create_infer_request()
     inputs = {name for port in compiled.inputs for name in port.get_names()}
     feeds = [{k: v for k, v in f.items() if k in inputs} for f in feeds]
@@ -210,5 +217,6 @@ def _openvino(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[
             us = layer.real_time.total_seconds() * 1e6
             if us > 0:
                 spent[layer.node_name, layer.node_type, layer.exec_type] += us
-    return tuple(LayerTime(name, f"{layer_type}/{kernel}", ov_group(layer_type, kernel, name in attention), us / calls)
+    return tuple(LayerTime(name, f"{layer_type}/{kernel}", ov_group(layer_type, kernel, name in attention,
+                                                                    run_time_int8), us / calls)
                  for (name, layer_type, kernel), us in spent.items())
