@@ -232,7 +232,7 @@ def test_a_recipe_quantized_at_run_time_meets_the_other_schemes_on_the_same_node
     r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation]).with_dynamic(
         granularity.NBITS, [outlier])
     served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    assert served.granular_nodes(r) == {granularity.NBITS_COARSE: [outlier], granularity.TOKEN_GROUPS: [outlier]}
+    assert served.granular_nodes(r) == {s: [outlier] for s in granularity.SCHEMES if s != granularity.NBITS}
     served.race_parent = _scripted_race(granularity.NBITS_COARSE).__get__(served)
     offered = served.granular((r, {"int8_speedup": 1.2}))
     assert [g.dynamic["scheme"] for g, _ in offered] == [granularity.NBITS, granularity.NBITS_COARSE]

@@ -4,9 +4,9 @@ search would otherwise leave in float (their static ranges meet outliers): the s
 that names one replays byte-identically from its weights alone.
 
 Schemes, in the order a search tries them (docs/int8-search.md, "Finer granularity"):
-- `nbits8-b128`, `nbits8-b32`: onnxruntime's `MatMulNBits`, 8-bit symmetric weights in blocks of 128 or 32 along
-  K, activations quantized per block at run time (accuracy_level 4: int8 products). OpenVINO reads it as a
-  FullyConnectedCompressed on INT8 weights, whose activations its CPU plugin quantizes per group of
+- `nbits8-b128`, `nbits8-b64`, `nbits8-b32`: onnxruntime's `MatMulNBits`, 8-bit symmetric weights in blocks of
+  128, 64 or 32 along K, activations quantized per block at run time (accuracy_level 4: int8 products). OpenVINO
+  reads it as a FullyConnectedCompressed on INT8 weights, whose activations its CPU plugin quantizes per group of
   DYNAMIC_QUANTIZATION_GROUP_SIZE on a VNNI CPU; the runner sets that to the file's block
   (`openvino_group_size`), so both runtimes quantize the same groups. Coarser blocks cost fewer rescales.
 - `token-g4`: standard ONNX ops: activations u8 per token (row) and per 4 groups of K, each group a
@@ -23,11 +23,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-NBITS, NBITS_COARSE, TOKEN_GROUPS = "nbits8-b32", "nbits8-b128", "token-g4"
-SCHEMES = (NBITS_COARSE, NBITS, TOKEN_GROUPS)  # in the order a search tries them
-# Each MatMulNBits scheme's block along K. 32 is onnxruntime's default (16 gained nothing on AVX2); 128 ran
-# MPNet's 32 such MatMuls 1.19x faster in OpenVINO bf16 (docs/int8-search.md), at a coarser activation range.
-BLOCKS = {NBITS: 32, NBITS_COARSE: 128}
+NBITS, NBITS_64, NBITS_COARSE, TOKEN_GROUPS = "nbits8-b32", "nbits8-b64", "nbits8-b128", "token-g4"
+SCHEMES = (NBITS_COARSE, NBITS_64, NBITS, TOKEN_GROUPS)  # in the order a search tries them
+# Each MatMulNBits scheme's block along K. 32 is onnxruntime's default (16 gained nothing on AVX2). A coarser block
+# rescales less often but ranges more values at once: MPNet's 32 such MatMuls ran 1.12x (64) and 1.19x (128) the
+# speed of 32 in OpenVINO bf16, 128 missing the served margin there (docs/int8-search.md).
+BLOCKS = {NBITS: 32, NBITS_64: 64, NBITS_COARSE: 128}
 GROUPS = 4  # token-g4's groups: per token alone missed MiniLM's cosine gate, 12 groups ran 0.74x (AVX2)
 
 
