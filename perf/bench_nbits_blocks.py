@@ -18,7 +18,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ from tritonkit.int8 import gates, granularity, judge
 from tritonkit.int8.params import file_digest
 from tritonkit.int8.recipe import committed_candidate, load_recipes
 from tritonkit.int8.search import Search
+from tritonkit.perf.interleave import interleaved
 from tritonkit.serving.runtimes import open_variant, openvino_core
 
 
@@ -79,15 +79,8 @@ def main() -> None:
                 {k: v for k, v in b.items() if k in names})
             rows.append((scheme, block, judged[metric], as_served[metric], held))
         feeds = val.batches[: args.batches]
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for run in runs.values():
-            run(feeds[0])
-        for _ in range(args.repeats):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                for b in feeds:
-                    run(b)
-                times[name].append(time.perf_counter() - t0)
+        times = interleaved({name: lambda run=run: [run(b) for b in feeds] for name, run in runs.items()},
+                            args.repeats)
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
     first = rows[0][0]
     print(f"| scheme | block = group | {metric} judged | {metric} as served | gates | ms | × {first} | ms, run-time "

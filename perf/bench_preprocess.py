@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
 from tritonkit import kinds, paths
+from tritonkit.perf.interleave import interleaved
 from tritonkit.serving import imaging
 
 spec = kinds.get("image_classification")
@@ -91,16 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     served = [paths_[served_name](b) for b in data]
     max_diff = {k: max(float(np.abs(fn(b) - ref).max()) for b, ref in zip(data, served))
                 for k, fn in paths_.items() if k != plain_name}
-    times: dict[str, list[float]] = {k: [] for k in paths_}
-    for fn in paths_.values():  # warm-up
-        for b in data:
-            fn(b)
-    for _ in range(args.repeats):
-        for name, fn in paths_.items():
-            t0 = time.perf_counter()
-            for b in data:
-                fn(b)
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved({name: lambda fn=fn: [fn(b) for b in data] for name, fn in paths_.items()}, args.repeats)
     rates = {k: len(data) / statistics.median(v) for k, v in times.items()}
     plain, fast = rates[plain_name], rates[served_name]
     # Per repeat, served time / this path's time: passes run back to back, so a load change hits both.
