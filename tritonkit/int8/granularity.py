@@ -8,7 +8,8 @@ Schemes, in the order a search tries them (docs/int8-search.md, "Finer granulari
   128, 64 or 32 along K, activations quantized per block at run time (accuracy_level 4: int8 products). OpenVINO
   reads it as a FullyConnectedCompressed on INT8 weights, whose activations its CPU plugin quantizes per group of
   DYNAMIC_QUANTIZATION_GROUP_SIZE on a VNNI CPU; the runner sets that to the file's block
-  (`openvino_group_size`), so both runtimes quantize the same groups. Coarser blocks cost fewer rescales.
+  (tritonkit.serving.runtimes.openvino_file_properties), so both runtimes quantize the same groups. Coarser
+  blocks cost fewer rescales.
 - `token-g4`: standard ONNX ops: activations u8 per token (row) and per 4 groups of K, each group a
   `MatMulInteger` on per-channel symmetric INT8 weights, zero points folded out through the weights' column sums
   (the exact-int8 session option keeps the sums exact).
@@ -67,15 +68,6 @@ def apply(model, name: str, nodes: Sequence[str]):
     if name in BLOCKS:
         return nbits(model, nodes, BLOCKS[name])
     return token_groups(model, nodes, GROUPS)
-
-
-def openvino_group_size(model) -> int | None:
-    """The DYNAMIC_QUANTIZATION_GROUP_SIZE under which OpenVINO quantizes `model`'s (a ModelProto) MatMulNBits
-    activations per the same groups as onnxruntime (its blocks; the smallest where they differ, which divides the
-    others); None without such a node."""
-    blocks = [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
-              if a.name == "block_size"]
-    return min(blocks) if blocks else None
 
 
 def nbits(model, nodes: Sequence[str], block: int = BLOCKS[NBITS]):

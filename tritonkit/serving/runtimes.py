@@ -77,12 +77,11 @@ def openvino_properties(config: dict) -> dict[str, object]:
 
 def openvino_file_properties(graph) -> dict[str, object]:
     """compile_model properties a served file (a ModelProto, or None) implies: where it has MatMulNBits nodes, the
-    group OpenVINO quantizes their activations by at run time, set to their block, so it computes what the search
-    judged on onnxruntime (tritonkit.int8.granularity)."""
-    from tritonkit.int8.granularity import openvino_group_size
-
-    group = openvino_group_size(graph) if graph is not None else None
-    return {} if group is None else {"DYNAMIC_QUANTIZATION_GROUP_SIZE": group}
+    group OpenVINO quantizes their activations by at run time, set to their block (the smallest where they differ,
+    which divides the others), so it computes what the search judged on onnxruntime (tritonkit.int8.granularity)."""
+    blocks = [a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "block_size"] if graph is not None else []
+    return {"DYNAMIC_QUANTIZATION_GROUP_SIZE": min(blocks)} if blocks else {}
 
 
 class OrtRunner:
