@@ -433,7 +433,7 @@ class Search(Planner, Fallbacks):
         for name, nodes in schemes.items():
             g = r.with_dynamic(name, nodes)
             # An option: skipped alone where it cannot also leave its timing's time.
-            step = self.measure("granular", f"{len(nodes)} float MatMuls as {name}", g,
+            step = self.measure("granular", f"{len(nodes)} {'run-time' if r.dynamic else 'float'} MatMuls as {name}", g,
                                 ahead=self.estimate("speed") or 0.0)
             if _passed(step) and self.fits("speed", g.describe(), self.estimate("speed"), ahead=0.0):
                 held.append(g)
