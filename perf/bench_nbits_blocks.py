@@ -73,7 +73,7 @@ def main() -> None:
             held = not search.gates.missed("validation", judged) and not search.gates.missed("validation", as_served)
             off = openvino_core().compile_model(str(path), "CPU", {**served.runner.properties,
                                                                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
-            runs[f"{scheme}"] = lambda b, s=served, o=out: s.run([o], b)
+            runs[scheme] = lambda b, s=served, o=out: s.run([o], b)
             request, names = off.create_infer_request(), served.runner.input_names
             runs[f"{scheme}, quantization off"] = lambda b, req=request, names=names: req.infer(
                 {k: v for k, v in b.items() if k in names})

@@ -8,7 +8,7 @@ Schemes, in the order a search tries them (docs/int8-search.md, "Finer granulari
   128, 64 or 32 along K, activations quantized per block at run time (accuracy_level 4: int8 products). OpenVINO
   reads it as a FullyConnectedCompressed on INT8 weights, whose activations its CPU plugin quantizes per group of
   DYNAMIC_QUANTIZATION_GROUP_SIZE on a VNNI CPU; the runner sets that to the file's block
-  (tritonkit.serving.runtimes.openvino_file_properties), so both runtimes quantize the same groups. Coarser
+  (tritonkit.serving.runtimes.openvino_properties), so both runtimes quantize the same groups. Coarser
   blocks cost fewer rescales.
 - `token-g4`: standard ONNX ops: activations u8 per token (row) and per 4 groups of K, each group a
   `MatMulInteger` on per-channel symmetric INT8 weights, zero points folded out through the weights' column sums

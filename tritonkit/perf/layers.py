@@ -196,12 +196,12 @@ def _ort(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[Layer
 def _openvino(path: Path, config: dict, feeds: list[dict], calls: int) -> tuple[LayerTime, ...]:
     import onnx
 
-    from tritonkit.serving.runtimes import openvino_core, openvino_file_properties, openvino_properties
+    from tritonkit.serving.runtimes import openvino_core, openvino_properties
 
     graph = onnx.load(str(path), load_external_data=False)
     attention = attention_nodes(graph)
-    compiled = openvino_core().compile_model(str(path), "CPU", {**openvino_properties(config),
-                                                                **openvino_file_properties(graph), "PERF_COUNT": True})
+    compiled = openvino_core().compile_model(str(path), "CPU", {**openvino_properties(config, graph),
+                                                                "PERF_COUNT": True})
     # The plugin's own condition for quantizing a compressed-weight layer's activations (dnnl_fullyconnected).
     run_time_int8 = envinfo.openvino_quantizes_at_run_time() and \
         int(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) > 0

@@ -32,9 +32,9 @@ def openvino_core():
     return ov.Core()
 
 
-def openvino_properties(config: dict) -> dict[str, object]:
-    """compile_model properties from a config's parameters, each validated as the native backend does; a bad
-    value raises ConfigError naming the parameter."""
+def openvino_properties(config: dict, graph=None) -> dict[str, object]:
+    """compile_model properties from a config's parameters, each validated as the native backend does (a bad
+    value raises ConfigError naming the parameter), and those the served file (`graph`, its ModelProto) implies."""
     name = config.get("name", "?")
     threads = param(config, "INFERENCE_NUM_THREADS", str(max(1, usable_cpus() // instance_count(config))))
     props: dict[str, object] = {
@@ -72,13 +72,13 @@ def openvino_properties(config: dict) -> dict[str, object]:
                 raise ConfigError(name, f"parameters.{key}", f"expected one of {[m.upper() for m in modes]}, "
                                   f"got {value!r}")
             props[key] = low.upper()
-    return props
+    return {**props, **_file_properties(graph)}
 
 
-def openvino_file_properties(graph) -> dict[str, object]:
-    """compile_model properties a served file (a ModelProto, or None) implies: where it has MatMulNBits nodes, the
-    group OpenVINO quantizes their activations by at run time, set to their block (the smallest where they differ,
-    which divides the others), so it computes what the search judged on onnxruntime (tritonkit.int8.granularity)."""
+def _file_properties(graph) -> dict[str, object]:
+    """What a served file (a ModelProto, or None) implies: where it has MatMulNBits nodes, the group OpenVINO
+    quantizes their activations by at run time, set to their block (the smallest where they differ, which divides
+    the others), so it computes what the search judged on onnxruntime (tritonkit.int8.granularity)."""
     blocks = [a.i for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
               if a.name == "block_size"] if graph is not None else []
     return {"DYNAMIC_QUANTIZATION_GROUP_SIZE": min(blocks)} if blocks else {}
@@ -132,7 +132,7 @@ class OpenVinoRunner:
         core = openvino_core()
         self.path = Path(path)
         graph = onnx.load(str(path), load_external_data=False) if self.path.suffix == ".onnx" else None
-        self.properties = {**openvino_properties(config), **openvino_file_properties(graph)}
+        self.properties = openvino_properties(config, graph)
         self.compiled = core.compile_model(str(path), "CPU", self.properties)
         self.request = self.compiled.create_infer_request()
         self.static: dict[tuple, object] = {}  # feed shapes -> an infer request of a model compiled for them
