@@ -227,12 +227,17 @@ def test_a_scheme_is_offered_only_where_it_beats_its_parent_head_to_head(model):
 def test_a_recipe_quantized_at_run_time_meets_the_other_schemes_on_the_same_nodes(model):
     """A committed recipe already quantized at run time (nbits8-b32) meets the other schemes on its run-time nodes,
     not on its remaining float nodes (the activation product no scheme runs); here (scripted) the coarser block
-    beats it head to head and is offered beside it, token-g4 does not."""
+    beats it head to head and is offered beside it, token-g4 does not. Asked twice, it builds once."""
     path, outlier, activation = model
     r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation]).with_dynamic(
         granularity.NBITS, [outlier])
     served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
     assert served.granular_nodes(r) == {s: [outlier] for s in granularity.SCHEMES if s != granularity.NBITS}
+    built = []
+    served.build = lambda recipe, build=served.build: built.append(recipe) or build(recipe)
+    served.granular_nodes(r)  # the trim asks before the step does: the answer is not rebuilt
+    assert built == []
+    del served.build
     served.race_parent = _scripted_race(granularity.NBITS_COARSE).__get__(served)
     offered = served.granular((r, {"int8_speedup": 1.2}))
     assert [g.dynamic["scheme"] for g, _ in offered] == [granularity.NBITS, granularity.NBITS_COARSE]

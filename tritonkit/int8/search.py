@@ -113,6 +113,7 @@ class Search(Planner, Fallbacks):
         self._judged = False  # the committed candidate was measured: no start must run whatever the budget
         self._int8_variants: dict[str, str] = {}  # by recipe: the variant its INT8 graph was timed on
         self._granular_tried: set[str] = set()  # recipes whose float MatMuls were tried at a finer granularity
+        self._schemes: dict[str, dict[str, list[str]]] = {}  # granular_nodes per recipe: the trim asks first
         self._trimmed: set[str] = set()  # recipes whose float nodes were tried back in INT8 (Fallbacks.trim)
         self.probed = probed or ProbeTimings({})  # what the speed probe timed (speed_probe fills its own)
         self._ceiling_timed: dict[str, float] | None = None  # speed_ceiling's last timings
@@ -461,10 +462,15 @@ class Search(Planner, Fallbacks):
         run all of its run-time nodes (a committed `nbits8-b32` meets `nbits8-b128`). Empty where that step does
         not run: no speed gate, or `r` was tried (a recipe found twice, committed then the prior, competes with
         its variants once)."""
-        from tritonkit.int8 import granularity
-
         if not self.check_speed or _key(r) in self._granular_tried:
             return {}
+        if _key(r) not in self._schemes:  # each answer builds a graph, which the builder keeps only one of
+            self._schemes[_key(r)] = self._eligible_schemes(r)
+        return self._schemes[_key(r)]
+
+    def _eligible_schemes(self, r: Recipe) -> dict[str, list[str]]:
+        from tritonkit.int8 import granularity
+
         if r.dynamic:
             own, nodes = r.dynamic["scheme"], list(r.dynamic["nodes"])
             model = self.build(replace(r, dynamic={}))
