@@ -138,14 +138,9 @@ def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool =
         return out
     judge, reference = None, None
     if fp32 is not None:  # an INT8 graph: the spec's gates judged against its served-form floor on the test split
-        from tritonkit.int8 import evaluate
-        from tritonkit.int8.gates import for_form
+        from tritonkit.int8.gates import packed_proof
 
-        gates = gates or for_form(kind, fp32, "served", log=_log)
-
-        def judge(metrics: dict) -> list[str]:
-            return gates.missed("test", metrics)
-        reference = evaluate.reference(kind, fp32, "test")  # the replay's, when it ran in this process
+        judge, reference = packed_proof(kind, fp32, gates, log=_log)  # the replay's reference, when it ran here
     try:
         kind.write_packed(model_path, fp32, judge, reference)
     except packing.PackingError as err:  # the backend then runs padded length buckets, as before

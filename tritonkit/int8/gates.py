@@ -163,3 +163,13 @@ def for_form(kind, fp32: Path, form: str, recorded: dict | None = None, log: Cal
         return _make(kind, form, {"precision": precision, NOT_NEEDED: why}, measure)
     floor, _ = measure()
     return _make(kind, form, floor)
+
+
+def packed_proof(kind, fp32: Path, gates: Gates | None = None, log: Callable[[str], None] = print):
+    """(judge, reference) that prove a served INT8 graph's packed form (the kind's `write_packed`): the served form's
+    gates on the test split (`gates`: those the INT8 build judged with, not measured again) against the FP32
+    graph's test-split outputs. `make build` and a revision's scratch build prove it the same way."""
+    from tritonkit.int8 import evaluate
+
+    gates = gates or for_form(kind, fp32, "served", log=log)
+    return (lambda metrics: gates.missed("test", metrics)), evaluate.reference(kind, fp32, "test")

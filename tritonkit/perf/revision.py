@@ -72,8 +72,7 @@ def served_int8(kind, rev: str, out: Path, log=print):
 def served_version(kind, rev: str, root: Path, log=print) -> Path:
     """A version directory `root`/1 holding the INT8 file `rev`'s served recipe builds and, for a packable text
     encoder, its packed form, proven against the served form's test-split gates as `make build` proves it."""
-    from tritonkit.int8 import evaluate
-    from tritonkit.int8.gates import for_form
+    from tritonkit.int8.gates import packed_proof
 
     version = Path(root) / "1"
     version.mkdir(parents=True)
@@ -81,7 +80,5 @@ def served_version(kind, rev: str, root: Path, log=print) -> Path:
     log(f"{rev}: {r.describe()} (INT8 served on {variant} there)")
     if getattr(kind, "packable", False):
         fp32 = paths.model_file(kind.FP32_MODEL)
-        gates = for_form(kind, fp32, "served")
-        kind.write_packed(version / "model.onnx", fp32, lambda m: gates.missed("test", m),
-                          evaluate.reference(kind, fp32, "test"))
+        kind.write_packed(version / "model.onnx", fp32, *packed_proof(kind, fp32, log=log))
     return version
