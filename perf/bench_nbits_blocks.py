@@ -51,7 +51,7 @@ def main() -> None:
     if candidate is None or not candidate[0].dynamic:
         raise SystemExit(f"{kind.NAME}: no committed served recipe with run-time quantized nodes for this FP32 file")
     recipe, params = candidate
-    nodes = recipe.dynamic["nodes"]
+    nodes = recipe.dynamic_nodes
     search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=lambda _m: None, margin=0.0,
                     exact=judge.exact_judgement(), gates=gates.for_entry(kind, fp32, "served", entry),
                     committed=(recipe, params), min_int8_share=0.0)

@@ -472,7 +472,7 @@ class Search(Planner, Fallbacks):
         from tritonkit.int8 import granularity
 
         if r.dynamic:
-            own, nodes = r.dynamic["scheme"], list(r.dynamic["nodes"])
+            own, nodes = r.dynamic["scheme"], r.dynamic_nodes
             model = self.build(replace(r, dynamic={}))
             return {name: nodes for name in granularity.SCHEMES
                     if name != own and granularity.eligible(model, nodes, name) == nodes}
