@@ -2,7 +2,8 @@
 committed served candidate (as bench_trim.py builds it) compiled as openvino-bf16 serves it, with OpenVINO's
 per-node precision pin (the `DisablePrecisionConversion` runtime attribute, value `dynamic:dynamic`, read from IR;
 the CPU plugin keeps such a node's precision) on: nothing, the float glue (every node but weighted ones and
-FakeQuantize), the recipe's float weighted nodes, every node; then the graph in f32, and the FP32 file in bf16.
+FakeQuantize), the recipe's float weighted nodes, every node; then the graph in f32, the graph in f32 with only its
+float weighted nodes in bf16 (Casts around them), and the FP32 file in bf16.
 
     python perf/bench_bf16_pins.py efficientnet_lite1 [--float-nodes trimmed.json] [--batch 8]
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -56,6 +58,27 @@ def pinned(xml: Path, rule, out: Path) -> tuple[Path, int]:
     tree.write(out)
     out.with_suffix(".bin").symlink_to(xml.with_suffix(".bin"))
     return out, count
+
+
+def bf16_nodes(graph: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """A copy of `graph` whose weighted nodes in `names` take and give bf16 (Casts on their inputs and output): the
+    rest keeps the compile's f32 precision, these run OpenVINO's bf16 kernels."""
+    out = onnx.ModelProto()
+    out.CopyFrom(graph)
+    nodes = []
+    for node in out.graph.node:
+        if node.op_type not in ("Conv", "MatMul", "Gemm") or node.name not in names:
+            nodes.append(node)
+            continue
+        for i, name in enumerate(node.input):
+            nodes.append(helper.make_node("Cast", [name], [f"{name}:bf16:{node.name}"], to=TensorProto.BFLOAT16))
+            node.input[i] = f"{name}:bf16:{node.name}"
+        result = node.output[0]
+        node.output[0] = f"{result}:bf16"
+        nodes += [node, helper.make_node("Cast", [node.output[0]], [result], to=TensorProto.FLOAT)]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
 
 
 def main() -> None:
@@ -97,7 +120,10 @@ def main() -> None:
         ov.save_model(core.read_model(str(Path(tmp) / "int8.onnx")), str(xml), compress_to_fp16=False)
         runs = [(f"bf16, {name}", *(pinned(xml, rule, Path(tmp) / f"pinned{i}.xml") if rule else (xml, 0)),
                  "openvino-bf16") for i, (name, rule) in enumerate(rules.items())]
-        runs += [("f32 (no bf16)", xml, 0, "openvino"), ("FP32 file in bf16", fp32, 0, "openvino-bf16")]
+        onnx.save(bf16_nodes(graph, floats), str(Path(tmp) / "bf16-nodes.onnx"))
+        runs += [("f32 (no bf16)", xml, 0, "openvino"),
+                 ("f32, float weighted nodes in bf16", Path(tmp) / "bf16-nodes.onnx", 0, "openvino"),
+                 ("FP32 file in bf16", fp32, 0, "openvino-bf16")]
         for name, model, count, variant in runs:
             props = {**openvino_properties(variant_config(kind.SERVE_THREADS, variant), None if model == fp32 else
                                            graph), "PERF_COUNT": True}
