@@ -407,7 +407,7 @@ class Search(Planner, Fallbacks):
         if not self.check_speed:
             return [(trimmed, {}), timed]
         t0 = time.perf_counter()
-        self._int8_variants[_key(trimmed)] = self.int8_variant(trimmed)
+        self.served_variant(trimmed)
         parent, speed = self.race_parent(r, [trimmed])
         self._took("speed", time.perf_counter() - t0)
         faster = speed.get("over_parent_lo", 0.0) > 1.0
@@ -442,7 +442,7 @@ class Search(Planner, Fallbacks):
             return [timed]
         t0 = time.perf_counter()
         for g in held:
-            self._int8_variants[_key(g)] = self.int8_variant(g)
+            self.served_variant(g)
         speeds = self.race_parent(r, held)
         self._took("speed", (time.perf_counter() - t0) / len(held))
         out = []
@@ -504,7 +504,7 @@ class Search(Planner, Fallbacks):
         t0 = time.perf_counter()
         speed = {}
         if self.check_speed:
-            self._int8_variants[_key(r)] = self.int8_variant(r)
+            self.served_variant(r)
             speed = self.candidate_speed(r)
         self._took("speed", time.perf_counter() - t0)
         self.log(f"  {what} {r.describe()}: speed {_speed(speed)}"
@@ -530,6 +530,13 @@ class Search(Planner, Fallbacks):
             return variant
         self.log(f"  {r.describe()} misses run as {variant} ({'; '.join(problems)}): timed on {DEFAULT}")
         return DEFAULT
+
+    def served_variant(self, r: Recipe) -> str:
+        """int8_variant of `r`, decided once per recipe: the variant its INT8 graph is timed on and its trim's returns
+        are judged on."""
+        if _key(r) not in self._int8_variants:
+            self._int8_variants[_key(r)] = self.int8_variant(r)
+        return self._int8_variants[_key(r)]
 
     def _variants(self, r: Recipe) -> tuple[str, str]:
         """(FP32's, INT8's) variants `r` is timed on: INT8's as int8_variant chose it, else the INT8 model's."""
