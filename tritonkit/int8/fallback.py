@@ -198,8 +198,7 @@ class Fallbacks:
         later = self._after_trim(r)  # before the hard rows' graph: r's own is most likely the one built last
         self._hard_rows(replace(r, float_nodes=[n for n in r.float_nodes if n in dynamic]))
         self._plan("trim:sample", len(order))
-        # Returns are judged where r itself is served: Lite1's committed +39 misses in OpenVINO bf16 and is timed on
-        # ONNX Runtime, so judging its returns in bf16 (before r was timed) kept none of them.
+        # Returns are judged where r itself is served: a parent that misses in bf16 is timed on ONNX Runtime.
         served = self.served_variant(r) if self.check_speed else DEFAULT
         current, back = r, []
         for i, node in enumerate(order):
