@@ -4,6 +4,8 @@
     tritonkit-client embed --file texts.txt --protocol grpc --async --concurrency 8 -o vectors.npy
     tritonkit-client similar "query text" --file corpus.txt --top-k 5
     tritonkit-client classify cat.jpg espresso.png [--top-k 5] [--protocol grpc] [--async] [--shared-memory]
+    tritonkit-client rerank "query text" --file documents.txt --model my_reranker [--top-n 5] [--json]
+    tritonkit-client classify-text "some text" --model my_classifier [--top-k 3] [--pairs] [--json]
 
 Each subcommand is a `Command` in COMMANDS (name, help, add_arguments, run); adding one is a small function
 pair plus one line.
@@ -166,12 +168,105 @@ def _classify_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- cross-encoders ------------------------------------------------------------------------------------------
+
+def _rerank_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("query", help="the query text")
+    p.add_argument("documents", nargs="*", help="documents to rank (or --file / stdin)")
+    p.add_argument("--file", "-f", help="documents, one per line ('-' = stdin)")
+    p.add_argument("--model", required=True, help="a text-rerank model (its _fp32 / _fused twins too)")
+    p.add_argument("--top-n", "-n", type=int, default=None, help="print only the best N (default: all)")
+    p.add_argument("--raw", action="store_true", help="rank by the raw logit instead of the activated score")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of a table")
+    add_connection_arguments(p)
+    p.set_defaults(batch_size=None)
+
+
+def _rerank_run(args: argparse.Namespace) -> int:
+    from tritonkit_client import reranking
+
+    documents = read_lines(args.documents, args.file)
+    if args.top_n is not None and args.top_n < 1:
+        raise ClientError(f"--top-n must be >= 1, got {args.top_n}")
+    kwargs = {"model": args.model, "top_n": args.top_n, "batch_size": args.batch_size,
+              "concurrency": args.concurrency, **_client_kwargs(args)}
+    if args.use_async:
+        result = asyncio.run(reranking.rerank_async(args.query, documents, **kwargs))
+    else:
+        result = reranking.rerank(args.query, documents, **kwargs)
+    for rank, (i, score) in enumerate(result.ranking(raw=args.raw), 1):
+        if args.json:
+            print(json.dumps({"rank": rank, "index": i, "score": float(result.scores[i]),
+                              "logit": float(result.logits[i]), "truncated": bool(result.truncated[i]),
+                              "text": documents[i]}))
+        else:
+            print(f"{rank:>3}  {score:.4f}  {documents[i]}")
+    _note_truncated(result.truncated)
+    return 0
+
+
+def _classify_text_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("texts", nargs="*", help="texts to classify (or --file / stdin)")
+    p.add_argument("--file", "-f", help="texts, one per line ('-' = stdin)")
+    p.add_argument("--model", required=True, help="a text-classification model (its _fp32 / _fused twins too)")
+    p.add_argument("--top-k", "-k", type=int, default=None, help="labels per text (default: all)")
+    p.add_argument("--pairs", action="store_true",
+                   help="each text is 'TEXT<TAB>TEXT_PAIR' (e.g. premise and hypothesis for NLI)")
+    p.add_argument("--json", action="store_true", help="print JSON lines instead of 'label score' lines")
+    add_connection_arguments(p)
+    p.set_defaults(batch_size=None)
+
+
+def _classify_text_run(args: argparse.Namespace) -> int:
+    from tritonkit_client import text_classification
+
+    lines = read_lines(args.texts, args.file)
+    pairs = None
+    if args.pairs:
+        split = [line.split("\t", 1) for line in lines]
+        bad = [i for i, parts in enumerate(split) if len(parts) != 2]
+        if bad:
+            raise ClientError(f"--pairs: text {bad[0]} has no TAB between the text and its pair")
+        lines, pairs = [a for a, _ in split], [b for _, b in split]
+    kwargs = {"model": args.model, "top_k": args.top_k, "batch_size": args.batch_size,
+              "concurrency": args.concurrency, **_client_kwargs(args)}
+    try:
+        if args.use_async:
+            result = asyncio.run(text_classification.classify_text_async(lines, pairs, **kwargs))
+        else:
+            result = text_classification.classify_text(lines, pairs, **kwargs)
+    except ValueError as err:  # top_k out of the model's range
+        raise ClientError(str(err)) from None
+    for n, preds in enumerate(result.predictions):
+        if args.json:
+            row = {"text": lines[n], "top": [p.__dict__ for p in preds], "truncated": bool(result.truncated[n])}
+            if pairs:
+                row["text_pair"] = pairs[n]
+            print(json.dumps(row))
+            continue
+        if len(lines) > 1:
+            print(f"# {lines[n]}" + (f" | {pairs[n]}" if pairs else ""))
+        for p in preds:
+            print(f"{p.label} {p.score:.4f}")
+    _note_truncated(result.truncated)
+    return 0
+
+
+def _note_truncated(truncated) -> None:
+    if truncated.any():
+        print(f"note: {int(truncated.sum())} input(s) were truncated to the model's max length", file=sys.stderr)
+
+
 COMMANDS: list[Command] = [
     Command("embed", "embed texts with the text_embedding ensemble", _embed_arguments, _embed_run),
     Command("similar", "rank a file of texts against a query by cosine similarity", _similar_arguments,
             _similar_run),
     Command("classify", "classify image files with the image_classification ensemble", _classify_arguments,
             _classify_run),
+    Command("rerank", "score documents against a query with a cross-encoder (text-rerank model), best first",
+            _rerank_arguments, _rerank_run),
+    Command("classify-text", "label texts or text pairs with a text-classification model", _classify_text_arguments,
+            _classify_text_run),
 ]
 
 

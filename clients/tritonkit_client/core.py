@@ -28,6 +28,46 @@ class ServerUnavailable(ClientError):
     """Nothing answers at the URL, or the server/model is not ready."""
 
 
+@dataclass
+class Prediction:
+    label: str
+    score: float
+    index: int
+
+
+def parse_classification(entry: bytes | str) -> Prediction:
+    """One classification-extension entry 'score:index:label' (the label may itself contain ':')."""
+    text = entry.decode("utf-8") if isinstance(entry, bytes) else str(entry)
+    score, index, *label = text.split(":", 2)
+    return Prediction(label=label[0] if label else "", score=float(score), index=int(index))
+
+
+def parse_classifications(array: np.ndarray) -> list[list[Prediction]]:
+    """A classification-extension output [n, k] → k predictions per row, best first (as the server sorts them)."""
+    return [[parse_classification(e) for e in row] for row in array.reshape(len(array), -1)]
+
+
+def tensors(config: dict, key: str) -> dict[str, dict]:
+    """A model config's (JSON form) inputs or outputs by name."""
+    return {t["name"]: t for t in config.get(key, [])}
+
+
+def has_tensor(config: dict, key: str, name: str, data_type: str) -> bool:
+    tensor = tensors(config, key).get(name)
+    return bool(tensor) and tensor.get("data_type") == data_type
+
+
+def rows_per_request(model: str, config: dict, wanted: int | None = None) -> int:
+    """`wanted` rows per request (default: as many as the model takes), capped at the model's max batch size."""
+    # gRPC's JSON form leaves out a zero field: no max_batch_size means the model does not batch.
+    most = int(config.get("max_batch_size", 0))
+    if most < 1:
+        raise ClientError(f"{model}: max_batch_size is {most}; this client sends batched rows")
+    if wanted is not None and wanted < 1:
+        raise ValueError(f"batch size must be >= 1, got {wanted}")
+    return most if wanted is None else min(wanted, most)
+
+
 def default_url(protocol: str) -> str:
     env = os.environ.get("TRITON_GRPC_URL" if protocol == "grpc" else "TRITON_HTTP_URL")
     return env or DEFAULT_URLS[protocol]
@@ -95,6 +135,10 @@ class _ClientBase:
 
     def __init__(self, url: str | None, protocol: str, timeout_s: float):
         self.endpoint = Endpoint(url, protocol, timeout_s)
+        self._configs: dict[str, dict] = {}  # model → config (JSON form), read once per client
+
+    def _as_json(self) -> dict:
+        return {"as_json": True} if self.protocol == "grpc" else {}
 
     @property
     def protocol(self) -> str:
@@ -153,6 +197,16 @@ class Client(_ClientBase):
             if regions:
                 regions.release(self._client())
         return {name: result.as_numpy(name) for name in outputs}
+
+    def model_config(self, model: str) -> dict:
+        """The model's config (JSON form): its tensors and max batch size, read once per client."""
+        if model not in self._configs:
+            try:
+                got = self._client().get_model_config(model, **self._as_json())
+            except Exception as err:
+                raise self._translate(model, err) from None
+            self._configs[model] = got.get("config", got)
+        return self._configs[model]
 
     def map(self, model: str, batches: Iterable[dict[str, np.ndarray]], outputs: Sequence[str],
             concurrency: int = 1, **infer_kwargs) -> list[dict[str, np.ndarray]]:
@@ -241,10 +295,17 @@ class AsyncClient(_ClientBase):
                 configs[name] = cfg.get("config", cfg)
         except Exception as err:
             raise self._translate("", err) from None
+        self._configs = dict(configs)  # a reloaded model's new config replaces the one read before
         return configs
 
-    def _as_json(self) -> dict:
-        return {"as_json": True} if self.protocol == "grpc" else {}
+    async def model_config(self, model: str) -> dict:
+        if model not in self._configs:
+            try:
+                got = await self._get().get_model_config(model, **self._as_json())
+            except Exception as err:
+                raise self._translate(model, err) from None
+            self._configs[model] = got.get("config", got)
+        return self._configs[model]
 
     async def map(self, model: str, batches: Iterable[dict[str, np.ndarray]], outputs: Sequence[str],
                   concurrency: int = 1, **infer_kwargs) -> list[dict[str, np.ndarray]]:

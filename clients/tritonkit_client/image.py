@@ -7,23 +7,15 @@ Top-k labels come from Triton's classification extension (class_count on PROBABI
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tritonkit_client.core import AsyncClient, Client, ClientError, chunks
+from tritonkit_client.core import AsyncClient, Client, ClientError, Prediction, chunks, parse_classifications
 
 MODEL = "image_classification"
 INPUT = "IMAGE"
 OUTPUT = "PROBABILITIES"
-
-
-@dataclass
-class Prediction:
-    label: str
-    score: float
-    index: int
 
 
 def read_images(paths: Sequence[str | Path]) -> list[bytes]:
@@ -40,15 +32,8 @@ def _request(images: Sequence[bytes]) -> dict[str, np.ndarray]:
     return {INPUT: np.array(list(images), dtype=object).reshape(-1, 1)}
 
 
-def parse_classification(entry: bytes | str) -> Prediction:
-    """One classification-extension entry 'score:index:label' (the label may itself contain ':')."""
-    text = entry.decode("utf-8") if isinstance(entry, bytes) else str(entry)
-    score, index, *label = text.split(":", 2)
-    return Prediction(label=label[0] if label else "", score=float(score), index=int(index))
-
-
 def _merge(results: list[dict[str, np.ndarray]]) -> list[list[Prediction]]:
-    return [[parse_classification(e) for e in row] for r in results for row in r[OUTPUT].reshape(len(r[OUTPUT]), -1)]
+    return [row for r in results for row in parse_classifications(r[OUTPUT])]
 
 
 def classify(images: Sequence[bytes], top_k: int = 5, client: Client | None = None, model: str = MODEL,
