@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tritonkit_client.core import AsyncClient, Client, chunks, has_tensor, rows_per_request
+from tritonkit_client.core import AsyncClient, Client, ClientError, chunks, has_tensor, rows_per_request
 
 OUTPUTS = ("score", "logit", "num_tokens", "truncated")
 
@@ -40,6 +40,12 @@ class Reranked:
         values = self.logits if raw else self.scores
         order = np.argsort(-values, kind="stable")[: self.top_n]
         return [(int(i), float(values[i])) for i in order]
+
+
+def _contract(model: str, config: dict) -> dict:
+    if not is_reranker(config):
+        raise ClientError(f"{model}: not a text-rerank model (BYTES query and document in, FP32 score out)")
+    return config
 
 
 def _check(query: str, documents: Sequence[str], top_n: int | None) -> list[str]:
@@ -78,7 +84,7 @@ def rerank(query: str, documents: Sequence[str], *, model: str, top_n: int | Non
     try:
         if not documents:
             return _merge([], top_n)
-        size = rows_per_request(model, client.model_config(model), batch_size)
+        size = rows_per_request(model, _contract(model, client.model_config(model)), batch_size)
         return _merge(client.map(model, _batches(query, documents, size), OUTPUTS, concurrency=concurrency), top_n)
     finally:
         if own:
@@ -94,7 +100,7 @@ async def rerank_async(query: str, documents: Sequence[str], *, model: str, top_
     try:
         if not documents:
             return _merge([], top_n)
-        size = rows_per_request(model, await client.model_config(model), batch_size)
+        size = rows_per_request(model, _contract(model, await client.model_config(model)), batch_size)
         batches = _batches(query, documents, size)
         return _merge(await client.map(model, batches, OUTPUTS, concurrency=concurrency), top_n)
     finally:

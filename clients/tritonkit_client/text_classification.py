@@ -57,6 +57,8 @@ def _plan(model: str, config: dict, texts: Sequence[str], text_pairs: Sequence[s
     """The requests' inputs and the top-k to ask for, checked against the model's config."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string")
+    if not is_text_classifier(config):
+        raise ClientError(f"{model}: not a text-classification model (BYTES text in, FP32 scores out)")
     texts = list(texts)
     labels = num_labels(config)
     k = labels if top_k is None else top_k

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -18,8 +14,8 @@ import pytest
 from tritonkit_client.core import Client
 from tritonkit_client.text import embed
 
+from tests.support.gateway_support import start_gateway
 from tests.support.text_support import start_text_server
-from tritonkit.runtime.server import free_port
 
 pytestmark = pytest.mark.slow  # serves the built MiniLM pipeline
 
@@ -35,27 +31,9 @@ def server(start_server):
     return start_text_server(start_server)
 
 
-def _start_gateway(server, *extra: str, env: dict | None = None):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tritonkit_client.gateway", "--port", str(port), "--triton", server.grpc_url, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, port
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"gateway did not start: {proc.stdout.read()}")
-
-
 @pytest.fixture(scope="module")
 def gateway(server):
-    proc, port = _start_gateway(server)
+    proc, port = start_gateway(server)
     yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
     proc.terminate()
     proc.wait(10)
@@ -109,7 +87,7 @@ def test_bad_requests_get_openai_style_errors(gateway, kwargs, error, fragment):
 
 
 def test_overload_is_answered_429_not_queued(server):
-    proc, port = _start_gateway(server, "--max-in-flight", "1")
+    proc, port = start_gateway(server, "--max-in-flight", "1")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
     outcomes: list[str] = []
 
@@ -152,9 +130,9 @@ def test_api_key_is_required_and_checked(server, tmp_path, source):
     key_file = tmp_path / "gateway-key"
     key_file.write_text(KEY + "\n")
     if source == "env":
-        proc, port = _start_gateway(server, env={"TRITONKIT_GATEWAY_API_KEY": KEY})
+        proc, port = start_gateway(server, env={"TRITONKIT_GATEWAY_API_KEY": KEY})
     else:
-        proc, port = _start_gateway(server, "--api-key-file", str(key_file))
+        proc, port = start_gateway(server, "--api-key-file", str(key_file))
     try:
         assert KEY not in " ".join(proc.args)  # never on the command line
         base = f"http://127.0.0.1:{port}/v1"
