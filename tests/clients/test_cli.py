@@ -92,3 +92,15 @@ def test_bad_input_is_reported_not_a_traceback(server):
     proc = cli("embed", "ok", "   ", "--url", server.http_url)
     assert proc.returncode == 2
     assert "text[1] is empty or whitespace-only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rerank_and_classify_text_check_their_arguments_before_calling():
+    url = f"127.0.0.1:{free_port()}"  # nothing listens: each error must come before a request
+    proc = cli("rerank", "a query", "a document", "--model", "any", "--top-n", "0", "--url", url)
+    assert proc.returncode == 2 and "--top-n must be >= 1, got 0" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("classify-text", "premise\thypothesis", "no tab here", "--pairs", "--model", "any", "--url", url)
+    assert proc.returncode == 2 and "text 1 has no TAB" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("rerank", "a query", "a document", "--model", "any", "--url", url, "--protocol", "grpc")
+    assert proc.returncode == 2 and "cannot reach Triton" in proc.stderr
+    proc = cli("rerank", "a query", "a document", "--url", url)
+    assert proc.returncode == 2 and "--model" in proc.stderr  # required: no default model of these kinds
