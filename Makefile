@@ -64,7 +64,7 @@ check-configs: ## generated configs match their specs; every config.pbtxt valid 
 	@$(PY) -m tritonkit.repository.generate --check && $(PY) -m tritonkit.repository.config
 check-native: ## generate the NGC views (build/ngc_repository, build/ngc_cpu_repository) + check Triton's native load rules
 	@rc=0; for c in "native_check model_repository --view embedded --skip-unbuilt" "variants ngc" "variants ngc --cpu"; do $(PY) -m tritonkit.repository.$$c || rc=1; done; exit $$rc
-check-cpu-classes: ## each built INT8 file run on an AVX2 CPU's own kernels (natively on such a host, else qemu-user; numerics) against what it computes here; MODEL=name, ROWS=16
+check-cpu-classes: ## each built INT8 file run on an AVX2 CPU's own kernels (natively on such a host, else qemu-user; numerics): static INT8 must compute what it computes here, run-time quantized INT8 must keep its gates; MODEL=name, ROWS=16
 	@$(PY) -m tritonkit.int8.emulated check $(MODEL) $(if $(ROWS),--rows $(ROWS))
 build-engines-docker: ## TensorRT plans built inside the NGC image that serves them (TRITONKIT_NGC_RELEASE; needs Docker + GPU)
 	@scripts/build-engines-docker

@@ -8,8 +8,16 @@ not AVX-512). Numerics only: emulated time says nothing about the class's speed.
 Per model with an INT8 file under its INT8 name, a few rows of the test split run here (each runtime as served;
 on a VNNI host onnxruntime's int8 products are summed exactly in int32) and under the emulator (each runtime as a
 replica of the class serves it, the session an INT8 search there judges in, and onnxruntime's default session,
-which sums u8s8 pairs in saturating int16 without VNNI). The report says which compute what onnxruntime computes
-here (evaluate.EXACT_COSINE); 1 where onnxruntime as served there does not, 2 where the emulator is missing.
+which sums u8s8 pairs in saturating int16 without VNNI). Each file is judged by one of two rules, which the report
+names:
+- `exact`, a file whose every int8 operand is fixed by the graph (static Q/DQ): it must compute what onnxruntime
+  computes here (cosine min >= evaluate.EXACT_COSINE; only float summation order may differ).
+- `gates`, a file with run-time quantized nodes (tritonkit.int8.granularity's MatMulNBits and MatMulInteger
+  schemes, onnxruntime's dynamic quantization): each block's scale comes from float activations, so a float
+  rounding that differs between ISAs moves an int8 code and the class computes another result. Its outputs,
+  scored against the FP32 graph's on the same rows (kind.gate_metrics), must hold each of the served form's
+  accuracy gates (tritonkit.int8.gates.for_form, as the runtime choice judges) that this host's outputs hold there.
+Exit 1 where onnxruntime as served on the class misses its file's rule, 2 where the emulator is missing.
 """
 
 from __future__ import annotations
@@ -36,6 +44,10 @@ JUDGED_SESSION = "onnxruntime-judged-session"
 THREADS = 2
 # The share of a split's batches, shortest first, that rows are picked from.
 SPREAD = 0.5
+# The rules a file is judged by (module docstring).
+EXACT, GATES = "exact", "gates"
+# onnxruntime's dynamic quantization ops beside the project's run-time schemes: their codes come from float scales.
+DYNAMIC_OPS = ("DynamicQuantizeLinear", "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
 
 
 def native(cpu_class: str) -> bool:
@@ -76,12 +88,13 @@ def emulate(cpu_class: str, argv: Sequence[str]) -> subprocess.CompletedProcess:
 
 
 def int8_file(kind) -> Path | None:
-    """The file served under `kind`'s INT8 name where it holds INT8 nodes (None: unbuilt or an FP32 fallback)."""
+    """The file served under `kind`'s INT8 name where it holds INT8 nodes, static or run-time quantized (None:
+    unbuilt or an FP32 fallback)."""
     from tritonkit import paths
     from tritonkit.int8.checks import quantized_ops
 
     path = paths.model_file(kind.INT8_MODEL)
-    return path if path.exists() and quantized_ops(path) else None
+    return path if path.exists() and (quantized_ops(path) or runtime_quantized(path)) else None
 
 
 def pick_rows(kind, rows: int, split: str = "test") -> list[dict[str, np.ndarray]]:
@@ -131,49 +144,147 @@ def emulated_outputs(path: Path, batches: Sequence[Mapping[str, np.ndarray]], cp
         return dict(np.load(Path(tmp) / "emulated.npz"))
 
 
-def check_model(kind, cpu_class: str, rows: int) -> dict:
+def runtime_quantized(path: Path) -> dict[str, int]:
+    """{op type: count} of the nodes in the graph at `path` that quantize activations at run time (empty: every
+    int8 operand is fixed by the graph, so the file's arithmetic is exact on every class)."""
+    import onnx
+
+    from tritonkit.int8.checks import RUNTIME_QUANTIZED
+
+    ops: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        if node.op_type in (*RUNTIME_QUANTIZED, *DYNAMIC_OPS):
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return ops
+
+
+def gate_metrics(kind, ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """The kind's gate metrics of `got` against the FP32 outputs `ref` (rounded as reports keep them)."""
+    return {k: round(float(v), 6) for k, v in kind.gate_metrics(ref, got).items()}
+
+
+def gated(gates, metrics: Mapping[str, float]) -> dict[str, float]:
+    """Of `metrics`, those the test split's gates bound (the report's columns)."""
+    return {t.metric: metrics[t.metric] for t in gates.targets["test"] if t.metric in metrics}
+
+
+def judge_gates(gates, metrics: Mapping[str, float], here: Mapping[str, float]) -> dict:
+    """The `gates` rule on one way of computing: the served form's test-split gates that this host's `here`
+    metrics hold must hold on `metrics` too; one that `here` misses on these rows is listed, not charged to the
+    class (a few rows decide no split-wide gate the file was proven on)."""
+    from tritonkit.kinds.gates import missed
+
+    # A deferred floor is measured here only where the absolute bounds cannot decide (gates.Gates.holds).
+    gates.holds("test", metrics)
+    gates.holds("test", here)
+    targets = gates.targets["test"]
+    lost = missed([t for t in targets if t.met(here)], dict(metrics))
+    entry = {"metrics": gated(gates, metrics), "holds": not lost, "missed": lost}
+    if any(not t.met(here) for t in targets):
+        entry["missed_here_too"] = missed([t for t in targets if not t.met(here)], dict(metrics))
+    return entry
+
+
+def judge_way(kind, got: np.ndarray, served: np.ndarray, rule: str, gates=None, ref: np.ndarray | None = None,
+              here: Mapping[str, float] | None = None) -> dict:
+    """One way of computing on the class (`got`) against onnxruntime as served here (`served`), judged by `rule`;
+    the `gates` rule needs the served form's `gates`, the FP32 outputs `ref` and this host's metrics `here`."""
+    from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min
+
+    cos = cosine_min(got, served)
+    entry = {"cosine_min": round(cos, 6), "max_abs": float(np.abs(got - served).max()), "exact": cos >= EXACT_COSINE}
+    if any(t.metric == "top1_agreement" for t in kind.TARGETS):  # a classifier: does the answer move
+        entry["top1_agreement"] = float((got.argmax(1) == served.argmax(1)).mean())
+    if rule == GATES:
+        entry["gates"] = judge_gates(gates, gate_metrics(kind, ref, got), here)
+    entry["holds"] = entry["gates"]["holds"] if rule == GATES else entry["exact"]
+    return entry
+
+
+def check_model(kind, cpu_class: str, rows: int, path: Path | None = None, fp32: Path | None = None,
+                gates=None) -> dict:
     """One model's record: per way of computing on the emulated class, its outputs against onnxruntime as served
     here (on a VNNI host: int8 products summed exactly in int32) and, where it is a served runtime, against itself
-    here."""
+    here; each judged by the file's rule. `path`, `fp32`, `gates`: the INT8 file, the FP32 graph and the served
+    form's gates (default: the model's served files, gates.for_form)."""
     from tritonkit import paths
-    from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, run_variant
+    from tritonkit.int8 import gates as int8_gates
+    from tritonkit.int8.evaluate import run_batches, run_variant, session
 
-    path = int8_file(kind)
+    path = path or int8_file(kind)
     if path is None:
         return {"skipped": "no INT8 file under its INT8 name (unbuilt, or an FP32 fallback)"}
+    ops = runtime_quantized(path)
+    rule = GATES if ops else EXACT
+    record: dict = {"file": paths.rel(path), "rule": rule, "ways": {}}
+    ref = here = None
+    if rule == GATES:
+        fp32 = fp32 or paths.model_file(kind.FP32_MODEL)
+        if not Path(fp32).exists():
+            return {**record, "error": f"its FP32 graph {paths.rel(fp32)} is not built: no gates to judge by"}
+        record["runtime_quantized"] = ops
     batches = pick_rows(kind, rows)
-    here = {v: run_variant(v, path, batches, THREADS) for v in SERVED}
-    exact = here["onnxruntime"]
+    served_here = {v: run_variant(v, path, batches, THREADS) for v in SERVED}
+    served = served_here["onnxruntime"]
+    record["rows"] = len(served)
+    if rule == GATES:
+        gates = gates or int8_gates.for_form(kind, fp32, "served", log=lambda line: print(f"[emulated] {line}"),
+                                             defer=True)
+        ref = run_batches(session(fp32, THREADS), batches)
+        here = gate_metrics(kind, ref, served)
+        record["here"] = gated(gates, here)
     emulated = emulated_outputs(path, batches, cpu_class)
-    record: dict = {"file": paths.rel(path), "rows": len(exact), "ways": {}}
     for way, got in emulated.items():
-        cos = cosine_min(got, exact)
-        entry = {"cosine_min": round(cos, 6), "max_abs": float(np.abs(got - exact).max()), "exact": cos >= EXACT_COSINE}
-        if way in here:
-            entry["max_abs_to_here"] = float(np.abs(got - here[way]).max())
-        if any(t.metric == "top1_agreement" for t in kind.TARGETS):  # a classifier: does the answer move
-            entry["top1_agreement"] = float((got.argmax(1) == exact.argmax(1)).mean())
+        entry = judge_way(kind, got, served, rule, gates, ref, here)
+        if way in served_here:
+            entry["max_abs_to_here"] = float(np.abs(got - served_here[way]).max())
         record["ways"][way] = entry
     return record
 
 
+def _verdict(rule: str, e: Mapping) -> str:
+    if rule == EXACT:
+        return "yes" if e["holds"] else "**no**"
+    g = e["gates"]
+    said = "yes" if g["holds"] else f"**no**: {'; '.join(g['missed'])}"
+    return said + (f" (here too on these rows: {'; '.join(g['missed_here_too'])})" if g.get("missed_here_too")
+                   else "")
+
+
 def table(report: Mapping) -> str:
-    """The report as markdown: a row per model and way of computing."""
+    """The report as markdown: a row per model and way of computing, with the rule it was judged by."""
+    from tritonkit.int8.evaluate import EXACT_COSINE
+
     how = "run natively" if report.get("native") else f"emulated as QEMU `{report['cpu_model']}`"
     lines = [f"CPU class {report['cpu_class']} {how} on {report['host']}, "
-             f"{report['date']}, against onnxruntime as served here.", "",
-             "| model (rows) | computed as | cosine min | largest difference | same runtime here | exact |",
-             "|---|---|---:|---:|---:|---|"]
+             f"{report['date']}, against onnxruntime as served here. Rules: `{EXACT}`, cosine min >= "
+             f"{EXACT_COSINE} to it (static int8 operands); `{GATES}`, the served accuracy gates against the FP32 "
+             "graph (run-time quantized nodes, whose codes follow float rounding).", "",
+             "| model (rows) | computed as | cosine min | largest difference | same runtime here | rule | "
+             "gate metrics | holds |",
+             "|---|---|---:|---:|---:|---|---|---|"]
     for name, rec in report["models"].items():
         for way, e in rec.get("ways", {}).items():
             same = "" if "max_abs_to_here" not in e else ("bitwise" if e["max_abs_to_here"] == 0 else
                                                            f"{e['max_abs_to_here']:.2g}")
             top1 = f" (top-1 {e['top1_agreement']:.2f})" if "top1_agreement" in e else ""
+            metrics = ", ".join(f"{k} {v:.4f}" for k, v in e["gates"]["metrics"].items()) if "gates" in e else ""
             lines.append(f"| {name} ({rec['rows']}) | {way} | {e['cosine_min']:.6f}{top1} | {e['max_abs']:.3g} | "
-                         f"{same} | {'yes' if e['exact'] else '**no**'} |")
-        if "skipped" in rec:
-            lines.append(f"| {name} | – | – | – | – | skipped: {rec['skipped']} |")
+                         f"{same} | {rec['rule']} | {metrics} | {_verdict(rec['rule'], e)} |")
+        if "here" in rec:
+            here = ", ".join(f"{k} {v:.4f}" for k, v in rec["here"].items())
+            lines.append(f"| {name} ({rec['rows']}) | onnxruntime as served here | – | – | – | {rec['rule']} | "
+                         f"{here} | (reference) |")
+        for why in ("skipped", "error"):
+            if why in rec:
+                lines.append(f"| {name} | – | – | – | – | {rec.get('rule', '–')} | – | {why}: {rec[why]} |")
     return "\n".join(lines)
+
+
+def failed(report: Mapping) -> list[str]:
+    """The models onnxruntime as served on the class fails by their file's rule (or that could not be judged)."""
+    return [name for name, rec in report["models"].items()
+            if "error" in rec or ("ways" in rec and not rec["ways"]["onnxruntime"]["holds"])]
 
 
 def check(names: Sequence[str], cpu_class: str = "avx2", rows: int = 16) -> int:
@@ -195,8 +306,10 @@ def check(names: Sequence[str], cpu_class: str = "avx2", rows: int = 16) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report) + f"\n\n[emulated] report -> {paths.rel(out)}")
-    served = [r["ways"]["onnxruntime"]["exact"] for r in report["models"].values() if "ways" in r]
-    return 0 if all(served) else 1
+    bad = failed(report)
+    if bad:
+        print(f"[emulated] onnxruntime as served on a {cpu_class} CPU misses its file's rule: {', '.join(bad)}")
+    return 1 if bad else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -204,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tritonkit.int8.emulated", description=__doc__.splitlines()[0])
     steps = parser.add_subparsers(dest="step", required=True)
-    c = steps.add_parser("check", help="each model's served INT8 file on an emulated CPU class against exact int32")
+    c = steps.add_parser("check", help="each model's served INT8 file on an emulated CPU class, judged exact or "
+                         "by its accuracy gates")
     c.add_argument("names", nargs="*", help="model specs (default: all)")
     c.add_argument("--cpu-class", default="avx2", choices=sorted(CPU_MODELS))
     c.add_argument("--rows", type=int, default=16, help="test-split rows per model (emulation runs ~200x slower)")
