@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, judge
+from tritonkit.int8.context import SearchContext
 from tritonkit.int8.params import file_digest
 from tritonkit.int8.recipe import committed_candidate, load_recipes
-from tritonkit.int8.search import Search
 from tritonkit.serving.runtimes import openvino_core, openvino_properties, variant_config
 
 WEIGHTED = {"Convolution", "GroupConvolution", "MatMul"}
@@ -100,9 +100,10 @@ def main() -> None:
     recipe, params = candidate
     if args.float_nodes:
         recipe = replace(recipe, float_nodes=json.loads(args.float_nodes.read_text())["float_nodes"])
-    search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=lambda _m: None, margin=0.0,
-                    exact=judge.exact_judgement(), gates=gates.for_entry(kind, fp32, "served", entry),
-                    committed=(recipe, params), min_int8_share=0.0)
+    search = SearchContext(kind, fp32, [recipe.form], check_speed=False, progress=False, log=lambda _m: None,
+                           margin=0.0, exact=judge.exact_judgement(),
+                           gates=gates.for_entry(kind, fp32, "served", entry), committed=(recipe, params),
+                           min_int8_share=0.0)
     val, floats = search.val, set(recipe.float_nodes)
     core = openvino_core()
 

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonkit import envinfo, kinds, paths
 from tritonkit.int8 import gates, granularity, judge
+from tritonkit.int8.context import SearchContext
 from tritonkit.int8.params import file_digest
 from tritonkit.int8.recipe import committed_candidate, load_recipes
-from tritonkit.int8.search import Search
 from tritonkit.perf.interleave import interleaved
 from tritonkit.serving.runtimes import open_variant, openvino_core
 
@@ -52,9 +52,10 @@ def main() -> None:
         raise SystemExit(f"{kind.NAME}: no committed served recipe with run-time quantized nodes for this FP32 file")
     recipe, params = candidate
     nodes = recipe.dynamic_nodes
-    search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=lambda _m: None, margin=0.0,
-                    exact=judge.exact_judgement(), gates=gates.for_entry(kind, fp32, "served", entry),
-                    committed=(recipe, params), min_int8_share=0.0)
+    search = SearchContext(kind, fp32, [recipe.form], check_speed=False, progress=False, log=lambda _m: None,
+                           margin=0.0, exact=judge.exact_judgement(),
+                           gates=gates.for_entry(kind, fp32, "served", entry), committed=(recipe, params),
+                           min_int8_share=0.0)
     val = search.val
     metric = kind.TARGETS[0].metric
     print(f"{kind.NAME}: {recipe.describe()}, its {len(nodes)} run-time nodes per scheme; {envinfo.cpu_model()} "

@@ -1,4 +1,4 @@
-"""The search's trim (tritonkit.int8.fallback.Fallbacks.trim) on a model's committed served candidate: which of its
+"""The search's trim (tritonkit.int8.fallback.trim) on a model's committed served candidate: which of its
 float nodes go back in INT8 with every gate still holding (exact judgement, as the search judges), and the trimmed
 file raced against its parent and FP32 (tritonkit.int8.speed.race) on the runtime variants that serve them here,
 both then scored on all validation as the INT8 variant runs them (OpenVINO bf16 can miss what exact int32 held).
@@ -24,10 +24,10 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tritonkit import envinfo, kinds, paths
-from tritonkit.int8 import gates, judge
+from tritonkit.int8 import fallback, gates, judge
+from tritonkit.int8.context import MARGIN, SearchContext
 from tritonkit.int8.params import file_digest
 from tritonkit.int8.recipe import committed_candidate, load_recipes
-from tritonkit.int8.search import MARGIN, Search
 from tritonkit.int8.speed import race
 
 SHOWN = ("top1_agreement", "top5_agreement", "top1_agreement_margin0.05", "cosine_min", "cosine_mean",
@@ -55,14 +55,15 @@ def main() -> None:
     recipe, params = candidate
     print(f"{kind.NAME}: {recipe.describe()} ({entry.get('status')}, class {entry.get('borrowed_from') or 'own'}), "
           f"this CPU {envinfo.int8_class()}, margin {args.margin}")
-    search = Search(kind, fp32, [recipe.form], check_speed=False, progress=False, log=print, margin=args.margin,
-                    exact=judge.exact_judgement(), gates=gates.for_entry(kind, fp32, "served", entry),
-                    committed=(recipe, params), min_int8_share=0.0)
+    search = SearchContext(kind, fp32, [recipe.form], check_speed=False, progress=False, log=print,
+                           margin=args.margin, exact=judge.exact_judgement(),
+                           gates=gates.for_entry(kind, fp32, "served", entry), committed=(recipe, params),
+                           min_int8_share=0.0)
     held = search.measure("confirm", "the committed candidate on all validation", recipe)
     if not held.passed:
         raise SystemExit("the committed candidate misses a gate here at this margin: nothing to trim from "
                          "(try --margin 0)")
-    trimmed = search.trim(recipe)
+    trimmed = fallback.trim(search, recipe)
     rows = [st for st in search.steps if st.stage in ("trim", "confirm")]
     print("\n| step | held | " + " | ".join(k for k in SHOWN if k in held.metrics) + " |")
     print("|---|---|" + "---|" * sum(k in held.metrics for k in SHOWN))

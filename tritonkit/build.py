@@ -27,6 +27,7 @@ from tritonkit import fingerprint, kinds, paths
 from tritonkit.int8 import pipeline
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, DEFAULT_BUDGET_S, Budget
 from tritonkit.int8.decide import Outcome
+from tritonkit.int8.facts import FP32Facts
 from tritonkit.int8.recipe import FALLBACK, FORMS
 from tritonkit.int8.report import refresh_floor
 
@@ -90,22 +91,17 @@ def speed_variants(kind) -> tuple[str, str]:
 def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = DEFAULT_BUDGET_S, search_form: str | None = None,
-               forms: Sequence[str] = FORMS, started: float | None = None, fresh: bool = False
-               ) -> tuple[list[Outcome], bool]:
+               forms: Sequence[str] = FORMS, started: float | None = None, fresh: bool = False,
+               facts: FP32Facts | None = None) -> tuple[list[Outcome], bool]:
     """The INT8 `forms` (tritonkit.int8.pipeline: from the committed recipe, searched first with run_search, or if
     there is none and search_if_missing: `make build` does that for a new model; library callers get an error
     instead), and whether it searched. `search_budget_s`: the whole build's, from `started` (time.perf_counter;
-    default now). `fresh`: the search does not judge the committed candidates first."""
-    from tritonkit.int8.speed import fp32_competitor
-    from tritonkit.repository.runtime_choice import MIN_GAIN
-
-    def competitor(served: str) -> str:  # the FP32 file as the INT8 name would serve it here, if INT8 fails
-        return fp32_competitor(kind, fp32, served, MIN_GAIN, log=_log)[0]
-
+    default now). `fresh`: the search does not judge the committed candidates first. `facts`: the build's measured
+    facts of the FP32 file (tritonkit.int8.facts), handed on to the runtime choice."""
     return pipeline.run(kind, fp32, speed_variants(kind), forms=forms, search=run_search,
                         search_if_missing=search_if_missing, only=search_form, fresh=fresh,
                         budget=Budget.of(search_budget_s, start=started), force=force, progress=progress,
-                        competitor=competitor)
+                        facts=facts)
 
 
 def build_packed(kind, model_path: Path, fp32: Path | None = None, force: bool = False, twin: Path | None = None,
@@ -177,9 +173,10 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
         return BuildResult(name, fp32, None, built)
     # A build that searches keeps the model's budget end to end: the search gets what the export left, less a share
     # for the replays and the runtime choice after it.
+    facts = FP32Facts(kind, fp32)  # measured once, by the stage that first needs them
     outcomes, searched = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
                                     search_if_missing=search_if_missing, search_budget_s=search_budget_s,
-                                    search_form=search_form, forms=forms, started=t0, fresh=fresh)
+                                    search_form=search_form, forms=forms, started=t0, fresh=fresh, facts=facts)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     build_packed(kind, served.path, fp32 if served.status == "passed" else None,
@@ -189,7 +186,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
     # A build that searched keeps its budget to the end: the runtime choice fits in what is left of it.
     budget = Budget.of(search_budget_s, start=t0) if searched else None
     runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
-                          log=_log, budget=budget, gates=served.gates)
+                          log=_log, budget=budget, gates=served.gates, facts=facts)
     for outcome in outcomes:  # the packed proof or the runtime choice may have measured a floor a report deferred
         if refresh_floor(kind, outcome.form, outcome.gates):
             _log(f"{kind.NAME}: {outcome.form} form's report now shows the floor measured after it was written")

@@ -236,9 +236,10 @@ def test_int8_within_the_slack_of_its_floor_passes_where_the_absolute_gate_canno
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
     quiet = {"check_speed": False, "progress": False, "log": lambda _m: None}
-    assert not search.Search(spec, tiny, ["int8"], min_int8_share=0, **quiet).run().passed  # absolute: unreachable
-    result = search.Search(spec, tiny, ["int8"], min_int8_share=0, gates=gates.of_floor(spec, "tensorrt", half),
-                           **quiet).run()
+    # absolute: unreachable
+    assert not search.run(search.SearchContext(spec, tiny, ["int8"], min_int8_share=0, **quiet)).passed
+    result = search.run(search.SearchContext(spec, tiny, ["int8"], min_int8_share=0,
+                                             gates=gates.of_floor(spec, "tensorrt", half), **quiet))
     assert result.passed and result.recipe.float_nodes
     bound = half["test"]["cosine_min"] - spec.FLOOR_SLACK["cosine_min"]
     assert bound <= result.test["cosine_min"] < spec.TARGETS[0].value
@@ -251,8 +252,8 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
 
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
-    result = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                           gates=gates.of_floor(spec, "tensorrt", half)).run()
+    result = search.run(search.SearchContext(spec, tiny, ["int8"], check_speed=False, progress=False,
+                                             log=lambda _m: None, gates=gates.of_floor(spec, "tensorrt", half)))
     bound = half["validation"]["cosine_min"] - spec.FLOOR_SLACK["cosine_min"]
     assert not result.passed and result.recipe is None and result.best_failed
     assert all(f["metrics"].get("cosine_min", 1.0) < bound for f in result.best_failed if f.get("metrics"))
@@ -274,8 +275,9 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
 def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_path, monkeypatch):
     spec = _spec()
     half = floor.measure(spec, tiny, "fp16")
-    found = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                          min_int8_share=0, gates=gates.of_floor(spec, "tensorrt", half)).run().recipe
+    found = search.run(search.SearchContext(spec, tiny, ["int8"], check_speed=False, progress=False,
+                                            log=lambda _m: None, min_int8_share=0,
+                                            gates=gates.of_floor(spec, "tensorrt", half))).recipe
     spec.EXPORT = type("Export", (), {"name": "tiny"})
     monkeypatch.setattr(report, "REPORTS", tmp_path)
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")
@@ -297,9 +299,10 @@ def test_a_replay_that_only_this_machines_fp32_outruns_serves_fp32_loudly_not_a_
     from tests.support.int8_support import assert_fp32_fallback
 
     spec = _spec()
-    found = search.Search(spec, tiny, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                          min_int8_share=0,
-                          gates=gates.of_floor(spec, "tensorrt", floor.measure(spec, tiny, "fp16"))).run().recipe
+    found = search.run(search.SearchContext(spec, tiny, ["int8"], check_speed=False, progress=False,
+                                            log=lambda _m: None, min_int8_share=0,
+                                            gates=gates.of_floor(spec, "tensorrt", floor.measure(spec, tiny, "fp16")))
+                       ).recipe
     spec.EXPORT = type("Export", (), {"name": "tiny"})
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1000.0)
     monkeypatch.setattr(report, "REPORTS", tmp_path)

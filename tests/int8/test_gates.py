@@ -135,10 +135,10 @@ def test_a_search_with_its_floor_deferred_decides_as_one_that_measured_it_first(
     spec = _spec(absolute)
     spec.SEARCH_PRIOR_FLOAT = (f"^{re.escape(outlier)}$",)
     quiet = {"check_speed": False, "progress": False, "log": lambda _m: None, "min_int8_share": 0}
-    first = search.Search(spec, tiny, ["int8"], gates=gates.of_floor(spec, "tensorrt", floor.measure(
-        spec, tiny, "fp16")), **quiet).run()
+    first = search.run(search.SearchContext(spec, tiny, ["int8"], gates=gates.of_floor(spec, "tensorrt", floor.measure(
+        spec, tiny, "fp16")), **quiet))
     deferred = gates.for_form(spec, tiny, "tensorrt", log=lambda _m: None)
-    later = search.Search(spec, tiny, ["int8"], gates=deferred, **quiet).run()
+    later = search.run(search.SearchContext(spec, tiny, ["int8"], gates=deferred, **quiet))
     assert first.passed and later.passed
     assert dataclasses.asdict(later.recipe) == dataclasses.asdict(first.recipe)
     assert later.recipe.float_nodes == [outlier]

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from tests.support.tiny_search import TinySpec
-from tritonkit.int8 import granularity, search
+from tritonkit.int8 import context, granularity, search, steps, timing
 from tritonkit.int8.builder import Builder
 from tritonkit.int8.checks import artefact_int8_share
 from tritonkit.int8.evaluate import session
@@ -142,7 +142,7 @@ def test_a_recipe_without_dynamic_nodes_is_committed_as_before():
 def _scripted_speed(faster: str | None):
     """A candidate's speed as the gate would measure it, scripted: `faster` (a scheme, or None: float) wins."""
 
-    def speed(self, r):
+    def speed(ctx, r):
         name = r.dynamic.get("scheme")
         x = 2.0 if name == faster else 1.5 if name is None else 1.2
         return {"int8_speedup": x, "speedup_batch8": x, "speedup_lo_batch8": x, "speedup_hi_batch8": x,
@@ -152,16 +152,16 @@ def _scripted_speed(faster: str | None):
 
 
 def _scripted_race(faster: str | None, alike_to_fp32: bool = False):
-    """Search.race_parent, scripted from the same table: the rivals' ratio over their parent is the two ratios'
+    """timing.race_parent, scripted from the same table: the rivals' ratio over their parent is the two ratios'
     quotient. `alike_to_fp32`: every file's ratio to FP32 is the same (the schemes' look faster only head to head
     where they are)."""
     speed = _scripted_speed(faster)
 
-    def race_parent(self, r, rivals):
-        parent = speed(self, r)
+    def race_parent(ctx, r, rivals):
+        parent = speed(ctx, r)
         out = [parent]
         for g in rivals:
-            s = dict(speed(self, g))
+            s = dict(speed(ctx, g))
             s["over_parent_lo"] = s["int8_speedup"] / parent["int8_speedup"]
             if alike_to_fp32:
                 s.update({k: v for k, v in parent.items() if k.startswith(("int8_speedup", "speedup"))})
@@ -176,12 +176,12 @@ def test_the_served_search_keeps_a_finer_granularity_only_where_it_holds_and_is_
     """A real search on the model (real quantization and accuracy on the validation and test splits); only the
     timing is scripted, so which candidate is faster is known."""
     path, outlier, _ = model
-    monkeypatch.setattr(search.Search, "candidate_speed", _scripted_speed(faster))
-    monkeypatch.setattr(search.Search, "race_parent", _scripted_race(faster))
-    monkeypatch.setattr(search.Search, "speed_ceiling", lambda self, start=None: None)
-    monkeypatch.setattr(search, "speedup", lambda *a, **k: {"int8_speedup": 1.5})  # the starts' quick timings
-    s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
-    result = s.run()
+    monkeypatch.setattr(timing, "candidate_speed", _scripted_speed(faster))
+    monkeypatch.setattr(timing, "race_parent", _scripted_race(faster))
+    monkeypatch.setattr(timing, "speed_ceiling", lambda ctx, start=None: None)
+    monkeypatch.setattr(context, "speedup", lambda *a, **k: {"int8_speedup": 1.5})  # the starts' quick timings
+    s = search.SearchContext(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
+    result = search.run(s)
     granular = [st for st in result.steps if st.stage == "granular"]
     assert {st.change.split(" as ")[1] for st in granular} == set(granularity.SCHEMES)
     assert all(st.passed for st in granular), [(st.change, st.metrics) for st in granular]
@@ -192,57 +192,58 @@ def test_the_served_search_keeps_a_finer_granularity_only_where_it_holds_and_is_
         assert result.recipe.dynamic == {"scheme": faster, "nodes": [outlier]}
 
 
-def test_the_tensorrt_form_never_takes_a_runtime_quantized_node(model):
+def test_the_tensorrt_form_never_takes_a_runtime_quantized_node(model, monkeypatch):
     """TensorRT runs explicit symmetric Q/DQ only: its search (no speed gate) offers no scheme, where the served
     form's offers both for the same candidate."""
     path, outlier, activation = model
     r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation])
-    trt = search.Search(MatMulSpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
-    assert trt.granular((r, {})) == [(r, {})]
-    served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    served.race_parent = lambda parent, rivals: [{"int8_speedup": 1.0}] + [{"over_parent_lo": 1.1}] * len(rivals)
-    offered = served.granular((r, {"int8_speedup": 0.9}))
+    trt = search.SearchContext(MatMulSpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    assert steps.granular(trt, (r, {})) == [(r, {})]
+    served = search.SearchContext(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    monkeypatch.setattr(timing, "race_parent",
+                        lambda ctx, parent, rivals: [{"int8_speedup": 1.0}] + [{"over_parent_lo": 1.1}] * len(rivals))
+    offered = steps.granular(served, (r, {"int8_speedup": 0.9}))
     assert [g.dynamic.get("scheme") for g, _ in offered] == [None, *granularity.SCHEMES]
     assert offered[0] == (r, {"int8_speedup": 1.0})  # the parent ranks by its time in the same race
 
 
-def test_a_scheme_is_offered_only_where_it_beats_its_parent_head_to_head(model):
+def test_a_scheme_is_offered_only_where_it_beats_its_parent_head_to_head(model, monkeypatch):
     """Both schemes hold, and (scripted) one beats its float parent in the race while the other does not; the one
     that does not is dropped, and where none is offered the parent keeps its own timing."""
     path, outlier, activation = model
     r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation])
-    served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    served = search.SearchContext(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
     winner = granularity.SCHEMES[1]
-    served.race_parent = _scripted_race(winner).__get__(served)
-    assert [g.dynamic.get("scheme") for g, _ in served.granular((r, {"int8_speedup": 1.4}))] == [None, winner]
+    monkeypatch.setattr(timing, "race_parent", _scripted_race(winner))
+    assert [g.dynamic.get("scheme") for g, _ in steps.granular(served, (r, {"int8_speedup": 1.4}))] == [None, winner]
     # The same verdicts with every ratio to FP32 alike: the head-to-head interval decides, not two runs' ratios.
-    again = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    again.race_parent = _scripted_race(winner, alike_to_fp32=True).__get__(again)
-    assert [g.dynamic.get("scheme") for g, _ in again.granular((r, {"int8_speedup": 1.4}))] == [None, winner]
-    slower = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    slower.race_parent = _scripted_race(None).__get__(slower)
-    assert slower.granular((r, {"int8_speedup": 1.4})) == [(r, {"int8_speedup": 1.4})]
+    again = search.SearchContext(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    monkeypatch.setattr(timing, "race_parent", _scripted_race(winner, alike_to_fp32=True))
+    assert [g.dynamic.get("scheme") for g, _ in steps.granular(again, (r, {"int8_speedup": 1.4}))] == [None, winner]
+    slower = search.SearchContext(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    monkeypatch.setattr(timing, "race_parent", _scripted_race(None))
+    assert steps.granular(slower, (r, {"int8_speedup": 1.4})) == [(r, {"int8_speedup": 1.4})]
 
 
-def test_a_recipe_quantized_at_run_time_meets_the_other_schemes_on_the_same_nodes(model):
+def test_a_recipe_quantized_at_run_time_meets_the_other_schemes_on_the_same_nodes(model, monkeypatch):
     """A committed recipe already quantized at run time (nbits8-b32) meets the other schemes on its run-time nodes,
     not on its remaining float nodes (the activation product no scheme runs); here (scripted) the coarser block
     beats it head to head and is offered beside it, token-g4 does not. Asked twice, it builds once."""
     path, outlier, activation = model
     r = Recipe(form="int8", placement="inputs", float_nodes=[outlier, activation]).with_dynamic(
         granularity.NBITS, [outlier])
-    served = search.Search(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    assert served.granular_nodes(r) == {s: [outlier] for s in granularity.SCHEMES if s != granularity.NBITS}
+    served = search.SearchContext(MatMulSpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    assert steps.granular_nodes(served, r) == {s: [outlier] for s in granularity.SCHEMES if s != granularity.NBITS}
     built = []
     served.build = lambda recipe, build=served.build: built.append(recipe) or build(recipe)
-    served.granular_nodes(r)  # the trim asks before the step does: the answer is not rebuilt
+    steps.granular_nodes(served, r)  # the trim asks before the step does: the answer is not rebuilt
     assert built == []
     del served.build
-    served.race_parent = _scripted_race(granularity.NBITS_COARSE).__get__(served)
-    offered = served.granular((r, {"int8_speedup": 1.2}))
+    monkeypatch.setattr(timing, "race_parent", _scripted_race(granularity.NBITS_COARSE))
+    offered = steps.granular(served, (r, {"int8_speedup": 1.2}))
     assert [g.dynamic["scheme"] for g, _ in offered] == [granularity.NBITS, granularity.NBITS_COARSE]
     assert offered[1][0] == r.with_dynamic(granularity.NBITS_COARSE, [outlier])
-    assert served.granular_nodes(r) == {}  # tried once
+    assert steps.granular_nodes(served, r) == {}  # tried once
 
 
 @pytest.mark.parametrize("scheme", sorted(granularity.BLOCKS))

@@ -82,6 +82,10 @@ def test_a_build_that_searches_judges_each_graph_once_and_its_replay_measures_no
         assert _of(evaluated, report["sha256"], "test") == 1, (form, evaluated)
         assert _of(timed, report["sha256"]) == (1 if form == "served" else 0), (form, timed)
     assert _report(tree, "tensorrt")["status"] == "passed"  # no speed gate: the tiny encoder's form always passes
+    # The FP32 file's seconds a row at most once (the search's budget, its floor's estimate, the runtime choice),
+    # and each form's gates built once (the probe, the search, the replay, the packed proof, the runtime choice).
+    assert len([e for e in ledger if e["what"] == "row_seconds"]) <= 1, ledger
+    assert Counter(e["form"] for e in ledger if e["what"] == "gates") == {"served": 1, "tensorrt": 1}, ledger
 
 
 def test_a_replay_on_a_machine_that_never_judged_it_measures_each_file_once(tree, searched):

@@ -12,13 +12,17 @@ import onnx
 import pytest
 
 from tests.support.tiny_search import TinySpec, export_tiny
-from tritonkit.int8 import decide, evaluate, pages, pipeline, report, search
+from tritonkit.int8 import context, decide, evaluate, fallback, gates, pages, pipeline, report, search, steps, timing
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, SERVED_SHARE, START_PASSES, Budget
-from tritonkit.int8.builder import FewCalibrationBatches
+from tritonkit.int8.builder import FewCalibrationBatches, Workspace
 from tritonkit.int8.checks import check_qdq
 from tritonkit.int8.planner import RESERVED
+from tritonkit.int8.records import Step
+from tritonkit.int8.scoring import distortion, passes
 from tritonkit.int8.speed import BF16_COMPETITOR, fp32_competitor
+from tritonkit.int8.units import group_units
 from tritonkit.kinds.gates import Target
+from tritonkit.serving.runtimes import DEFAULT
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +37,8 @@ def test_search_finds_the_sensitive_layer_by_measurement(tiny):
     spec = TinySpec()
     # The sensitive layer is 73 % of this model's compute, which the TensorRT form's compute gate would refuse to
     # leave float: the measurement is under test here, so that gate is off.
-    result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                           min_int8_share=0.0).run()
+    result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False,
+                                             log=lambda _m: None, min_int8_share=0.0))
     first = result.steps[0]
     assert first.stage == "start" and not first.passed, "every layer in int8 should miss the gate"
     assert result.passed, result.reason
@@ -60,7 +64,7 @@ def test_recipe_replays_to_a_symmetric_qdq_graph(tiny, tmp_path):
     quantized = {n.name for n in model.graph.node if n.op_type == "Gemm"
                  and any(i.endswith("DequantizeLinear_Output") for i in n.input)}
     assert sensitive not in quantized and len(quantized) == 2
-    metrics = search.Evaluator(spec, path, "test").metrics(out)
+    metrics = evaluate.Evaluator(spec, path, "test").metrics(out)
     assert metrics["cosine_min"] >= 0.999
 
 
@@ -68,7 +72,8 @@ def test_nothing_passes_means_no_recipe(tiny):
     path, _ = tiny
     spec = TinySpec()
     spec.TARGETS = [Target("cosine_min", ">=", 1.0 + 1e-9)]  # unreachable: even float is not above 1
-    result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None).run()
+    result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False,
+                                             log=lambda _m: None))
     assert not result.passed and result.recipe is None and result.best_failed
     # One entry per failed fallback, each the best of its own steps: none repeats another.
     recipes = [f["recipe"] for f in result.best_failed]
@@ -78,8 +83,8 @@ def test_nothing_passes_means_no_recipe(tiny):
 def test_a_spent_budget_stops_the_search_and_says_so(tiny):
     path, _ = tiny
     logs: list[str] = []
-    result = search.Search(TinySpec(), path, ["int8"], check_speed=False, budget=Budget.of(1e-6), progress=False,
-                           log=logs.append).run()
+    result = search.run(search.SearchContext(TinySpec(), path, ["int8"], check_speed=False, budget=Budget.of(1e-6),
+                                             progress=False, log=logs.append))
     # The starting points are always measured; past the budget nothing is added, and the reason names it.
     assert not result.passed and "budget" in result.reason
     assert [s.stage for s in result.steps] == ["start"]
@@ -99,13 +104,13 @@ def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
         return original(graph, *args, **kwargs)
 
     monkeypatch.setattr(calibration, "collect", counting)
-    workspace = search.Workspace()
+    workspace = Workspace()
     try:
-        first = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                              workspace=workspace).run()
+        first = search.run(search.SearchContext(TinySpec(), path, ["int8"], check_speed=False, progress=False,
+                                                log=lambda _m: None, workspace=workspace))
         after_first = len(calls)
-        second = search.Search(TinySpec(), path, ["int8"], check_speed=False, progress=False,
-                               log=lambda _m: None, workspace=workspace).run()
+        second = search.run(search.SearchContext(TinySpec(), path, ["int8"], check_speed=False, progress=False,
+                                                 log=lambda _m: None, workspace=workspace))
         assert Path(workspace.tmp.name).exists(), "a search closed the workspace it was lent"
     finally:
         workspace.close()
@@ -130,8 +135,8 @@ def test_both_placements_share_one_calibration(tiny, monkeypatch):
         return original(graph, *args, **kwargs)
 
     monkeypatch.setattr(calibration, "collect", counting)
-    s = search.Search(TinySpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
-    s.start()
+    s = search.SearchContext(TinySpec(), path, ["int8"], check_speed=True, progress=False, log=lambda _m: None)
+    steps.start(s)
     assert len(s.ws.prepared) == 2 and len(calls) == 1, calls
 
 
@@ -151,12 +156,12 @@ def test_a_candidate_is_quantized_once_for_its_scoring_checks_timing_and_test(ti
     monkeypatch.setattr(quantize, "quantize_prepared", counting)
     spec = TinySpec()
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # any speed passes: the graphs are under test
-    s = search.Search(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
-                      min_int8_share=0.0)
+    s = search.SearchContext(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
+                             min_int8_share=0.0)
     asked: list[str] = []
     build = s.build
-    s.build = lambda r: (asked.append(search._key(r)), build(r))[1]
-    result = s.run()
+    s.build = lambda r: (asked.append(context.key(r)), build(r))[1]
+    result = search.run(s)
     assert result.passed, result.reason
     assert len(asked) > len(quantized), "no graph was reused"
     runs = [k for i, k in enumerate(asked) if i == 0 or asked[i - 1] != k]  # consecutive asks of one recipe
@@ -173,19 +178,20 @@ def test_a_second_look_at_the_test_split_goes_to_the_most_accurate_candidate_nam
     mid = search.Recipe("uint8", "inputs", float_nodes=["a", "b", "c", "d"])
     safe = search.Recipe("uint8", "inputs", float_nodes=[f"n{i}" for i in range(12)])
     ok = [(safe, {"int8_speedup": 1.53}), (fast, {"int8_speedup": 1.74}), (mid, {"int8_speedup": 1.60})]
-    validation = {search._key(fast): {"cosine_min": 0.9945}, search._key(mid): {"cosine_min": 0.9960},
-                  search._key(safe): {"cosine_min": 0.9983}}
+    validation = {context.key(fast): {"cosine_min": 0.9945}, context.key(mid): {"cosine_min": 0.9960},
+                  context.key(safe): {"cosine_min": 0.9983}}
     assert [r for r, _ in search.confirmation_order(ok, validation, targets)] == [fast, safe]
-    validation[search._key(safe)] = validation[search._key(mid)] = {"cosine_min": 0.9945}  # none more accurate
+    validation[context.key(safe)] = validation[context.key(mid)] = {"cosine_min": 0.9945}  # none more accurate
     assert [r for r, _ in search.confirmation_order(ok, validation, targets)] == [fast]
     assert [r for r, _ in search.confirmation_order(ok[1:2], validation, targets)] == [fast]
     # Without a speed check (no speed-ups) the fewest float units look first.
     plain = [(safe, {}), (mid, {}), (fast, {})]
-    validation[search._key(safe)] = {"cosine_min": 0.9983}
+    validation[context.key(safe)] = {"cosine_min": 0.9983}
     assert [r for r, _ in search.confirmation_order(plain, validation, targets)] == [fast, safe]
 
 
-def test_a_candidate_that_misses_the_test_split_hands_the_second_look_to_the_most_accurate(tiny, tmp_path):
+def test_a_candidate_that_misses_the_test_split_hands_the_second_look_to_the_most_accurate(tiny, tmp_path,
+                                                                                           monkeypatch):
     """A real search on the tiny model with a committed candidate that keeps all but one layer float (accurate, but
     more float units than what the search then finds), its first look at the test split declared a miss: the
     second look goes to the committed one, which then serves; the report keeps the first look's miss."""
@@ -198,18 +204,18 @@ def test_a_candidate_that_misses_the_test_split_hands_the_second_look_to_the_mos
     assert sensitive in committed.float_nodes and len(committed.float_nodes) > 1
     params = quantize_with_params(path, tmp_path / "committed.onnx", committed.to_quant(spec.WEIGHT_OPS),
                                   spec.calibration_batches, spec.calibration_batch_count(), progress=False)
-    s = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                      min_int8_share=0.0, committed=(committed, params))
+    s = search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
+                             min_int8_share=0.0, committed=(committed, params))
     looked: list[object] = []
-    measure = s._on_test
+    measure = search.on_test
 
-    def first_misses(model):
-        test, held = measure(model)
+    def first_misses(ctx, model):
+        test, held = measure(ctx, model)
         looked.append(model)
         return test, held and len(looked) > 1
 
-    s._on_test = first_misses
-    result = s.run()
+    monkeypatch.setattr(search, "on_test", first_misses)
+    result = search.run(s)
     assert len(looked) == 2, "no second look"
     assert result.passed and result.recipe == committed, result.reason
     first = result.best_failed[0]
@@ -249,13 +255,13 @@ def test_an_isolated_copy_gets_its_sources_range(tmp_path):
 
 def test_scoring_and_units():
     gates = [Target("a", ">=", 0.99), Target("b", "<=", 0.1)]
-    assert search.passes(gates, {"a": 0.995, "b": 0.05})
-    assert not search.passes(gates, {"a": 0.995, "b": 0.2})
-    assert not search.passes(gates, {"a": 0.9905, "b": 0.05}, margin=0.1)
-    assert search.distortion(gates, {"a": 0.98, "b": 0.1}) > search.distortion(gates, {"a": 0.99, "b": 0.1})
+    assert passes(gates, {"a": 0.995, "b": 0.05})
+    assert not passes(gates, {"a": 0.995, "b": 0.2})
+    assert not passes(gates, {"a": 0.9905, "b": 0.05}, margin=0.1)
+    assert distortion(gates, {"a": 0.98, "b": 0.1}) > distortion(gates, {"a": 0.99, "b": 0.1})
     nodes = [f"/m/_blocks.{i}/conv{j}/Conv" for i in range(3) for j in range(2)] + ["/m/_fc/Gemm"]
-    assert search.group_units(nodes, 10) == {n: [n] for n in nodes}
-    grouped = search.group_units(nodes, 4)
+    assert group_units(nodes, 10) == {n: [n] for n in nodes}
+    grouped = group_units(nodes, 4)
     assert grouped["m/_blocks.1"] == ["/m/_blocks.1/conv0/Conv", "/m/_blocks.1/conv1/Conv"]
     assert grouped["/m/_fc/Gemm"] == ["/m/_fc/Gemm"]
     assert grouped["role:m/_blocks.*/conv1/Conv"] == [f"/m/_blocks.{i}/conv1/Conv" for i in range(3)]
@@ -326,7 +332,7 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
             return 8
 
     spec = Spec()
-    s = search.Search(spec, path, ["uint8"], check_speed=False, progress=False, log=lambda _m: None)
+    s = search.SearchContext(spec, path, ["uint8"], check_speed=False, progress=False, log=lambda _m: None)
     start = search.Recipe(form="uint8", placement="inputs", smooth_alpha=0.5)
     merged = [n for n in search.quantizable_nodes(s.builder.prepare(start).path, spec.WEIGHT_OPS) if "_merged3" in n]
     assert len(merged) == 1, "Q/K/V were not merged"
@@ -334,8 +340,8 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     measured = s.build(recipe)
     assert len(passes) == 1 and "smoothed" not in passes[0].name, passes  # the unsmoothed graph's pass only
     # ... and the budget knows it: a further candidate on it is estimated without a pass.
-    s._durations = {"fallback:sample": [1.0], "calibrate": [100.0]}
-    assert s._step_estimate("fallback:sample", replace(recipe, float_nodes=[])) == 1.0
+    s.plan.durations = {"fallback:sample": [1.0], "calibrate": [100.0]}
+    assert s.step_estimate("fallback:sample", replace(recipe, float_nodes=[])) == 1.0
     replayed = quantize(path, tmp_path / "q.onnx", recipe.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
                         spec.calibration_batch_count(), progress=False)
     x = {"x": data[:8]}
@@ -349,7 +355,7 @@ def test_a_replay_builds_the_graph_the_search_measured_when_a_merged_matmul_stay
     assert all(np.array_equal(inits[0][k], inits[1][k]) for k in inits[0])
 
 
-class _CountedSearch(search.Search):
+class _CountedSearch(search.SearchContext):
     """The fallback's prefix search on its own: a candidate passes once its first `need` units are float (the
     metric the real search measures is replaced by that rule, so the number of candidates tried is exact)."""
 
@@ -372,15 +378,19 @@ class _CountedSearch(search.Search):
             return None  # as the quantizer rejects a graph with nothing left in INT8
         whole = evaluator is None
         passed = n >= self.need + (0 if self.passes_whole or not whole else 2)
-        step = search.Step(stage, change, r.describe(), {}, float(max(self.need - n, 0)), passed)
+        step = Step(stage, change, r.describe(), {}, float(max(self.need - n, 0)), passed)
         self.steps.append(step)
         return step
 
-
-    def prefix_speed(self, r):
+    def prefix_speed(self, r):  # timing.prefix_speed, where a test routes it here (_counted_walls)
         self.tried.append(("wall", len(r.float_nodes)))
         x = 0.5 if len(r.float_nodes) >= self.slow_from else 1.5
         return {"speedup_batch8": x, "speedup_lo_batch8": x - 0.1, "speedup_hi_batch8": x + 0.1}
+
+
+def _counted_walls(monkeypatch) -> None:
+    """A _CountedSearch's walls timed by its own prefix_speed (the wall's batch size is the fallback's)."""
+    monkeypatch.setattr(timing, "prefix_speed", lambda ctx, r, batch: ctx.prefix_speed(r))
 
 
 def _units(n: int):
@@ -390,7 +400,7 @@ def _units(n: int):
 @pytest.mark.parametrize("need", [1, 2, 5, 13, 40])
 def test_fallback_finds_the_shortest_passing_prefix_in_log_steps(need):
     s = _CountedSearch(need)
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(40))
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(40))
     assert r is not None and r.float_nodes == [f"n{i}" for i in range(need)]
     sample = [n for stage, n in s.tried if stage == "fallback"]
     assert len(sample) <= 2 * math.ceil(math.log2(need)) + 2, sample  # gallop + bisect, not one unit at a time
@@ -399,77 +409,78 @@ def test_fallback_finds_the_shortest_passing_prefix_in_log_steps(need):
 
 def test_fallback_adds_units_on_the_whole_split_when_the_sample_was_lucky():
     s = _CountedSearch(6, passes_whole=False)
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20))
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(20))
     assert r is not None and len(r.float_nodes) == 8
     assert s.tried[-3:] == [("confirm", 6), ("fallback", 7), ("fallback", 8)]
 
 
-def test_a_prefix_that_passed_on_the_sample_is_confirmed_when_the_budget_ends_the_bisection():
+def test_a_prefix_that_passed_on_the_sample_is_confirmed_when_the_budget_ends_the_bisection(monkeypatch):
     """all_mpnet_base_v2, 34-minute search: +8 units passed on the sample with 35 s left besides the reserve, the
     bisection's next step did not fit, and the search ended with no candidate. The reserve is for confirming it."""
 
-    class Spent(_CountedSearch):
-        def _out_of_budget(self):
-            return any(stage == "fallback" and n >= self.need for stage, n in self.tried)
+    def spent(ctx):
+        return any(stage == "fallback" and n >= ctx.need for stage, n in ctx.tried)
 
-    s = Spent(5)
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(40))
+    monkeypatch.setattr(fallback, "out_of_budget", spent)
+    s = _CountedSearch(5)
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(40))
     assert r is not None and len(r.float_nodes) == 8, s.tried  # gallop 0, 1, 2, 4, 8: 8 passed
     assert s.tried[-1] == ("confirm", 8)
 
 
 def test_fallback_steps_back_from_a_prefix_the_quantizer_rejects():
     s = _CountedSearch(34, reject_from=36)  # 36 units: all of them float, nothing left to quantize
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(36))
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(36))
     assert r is not None and len(r.float_nodes) == 34
     assert ("fallback", 36) in s.tried and ("fallback", 35) in s.tried
 
 
 def test_fallback_under_a_passing_candidate_tries_its_longest_prefix_first():
     s = _CountedSearch(9)
-    assert s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9) is None
+    assert fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9) is None
     assert s.tried == [("fallback", 0), ("fallback", 8)]  # one look under the cap, nothing shorter
     s = _CountedSearch(5)
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9)
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(20), max_float=9)
     assert r is not None and len(r.float_nodes) == 5
 
 
-def test_a_fallback_ends_at_the_first_prefix_that_misses_accuracy_and_runs_under_the_speed_gate():
+def test_a_fallback_ends_at_the_first_prefix_that_misses_accuracy_and_runs_under_the_speed_gate(monkeypatch):
     """Float units only slow a graph down: once a prefix that misses accuracy is timed under the speed gate, no
     longer prefix can pass, and the track's other variants are tried once, at their longest prefix under it."""
+    _counted_walls(monkeypatch)
     s = _CountedSearch(30, slow_from=5)  # accuracy needs 30 units float; from 5 on the graph is too slow
-    assert s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(80)) is None
+    assert fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(80)) is None
     assert [n for stage, n in s.tried if stage == "fallback"] == [0, 1, 2, 4, 8]
     assert [n for stage, n in s.tried if stage == "wall"] == [1, 2, 4, 8]
     assert [w["float_nodes"] for w in s.walls] == [8] and s.walls[0]["batch"] == 8
     s.tried.clear()
-    assert s.fallback("w", search.Recipe(form="int8", placement="inputs"), _units(80), max_float=8) is None
+    assert fallback.fallback(s, "w", search.Recipe(form="int8", placement="inputs"), _units(80), max_float=8) is None
     assert s.tried == [("fallback", 0), ("fallback", 7)]
     # A wall past what accuracy needs ends nothing: the shortest passing prefix is found as before.
     s = _CountedSearch(5, slow_from=20)
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(80))
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(80))
     assert r is not None and len(r.float_nodes) == 5 and not s.walls
 
 
-def test_a_search_whose_fallbacks_hit_the_speed_gate_says_so(tiny):
+def test_a_search_whose_fallbacks_hit_the_speed_gate_says_so(tiny, monkeypatch):
     path, _ = tiny
     spec = TinySpec()
     spec.TARGETS = [Target("cosine_min", ">=", 1.0 + 1e-9)]  # unreachable: every prefix misses accuracy
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # every start passes the real speed ceiling
 
-    class Walled(search.Search):
-        def prefix_speed(self, r):  # every prefix with a unit float runs under the gate
-            return {"speedup_batch8": 5e-4, "speedup_lo_batch8": 4e-4, "speedup_hi_batch8": 6e-4}
+    def walled(ctx, r, batch):  # every prefix with a unit float runs under the gate
+        return {"speedup_batch8": 5e-4, "speedup_lo_batch8": 4e-4, "speedup_hi_batch8": 6e-4}
 
-    result = Walled(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
-                    min_int8_share=0.0).run()
+    monkeypatch.setattr(timing, "prefix_speed", walled)
+    result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=True, progress=False,
+                                             log=lambda _m: None, min_int8_share=0.0))
     assert not result.passed and result.walls, result.reason
     assert "the speed gate ended" in result.reason and "within the search budget" not in result.reason
     assert all(w["float_nodes"] == 1 for w in result.walls), result.walls  # each track's wall, at its first prefix
     assert {s.recipe.split(" ", 1)[1] for s in result.steps if s.stage == "fallback"} <= {"+0 float", "+1 float"}
 
 
-class _Scan(search.Search):
+class _Scan(search.SearchContext):
     """The sensitivity scan on its own: unit u's float copy scores cosine min 0.99 + gains[u] / 1000, and the budget
     affords the unperturbed candidate and `affordable` units."""
 
@@ -477,6 +488,7 @@ class _Scan(search.Search):
         super().__init__(TinySpec(), Path("unused.onnx"), ["int8"], check_speed=False, progress=False,
                          log=lambda _m: None)
         self.gains, self.affordable, self._sample = gains, affordable + 1, self
+        self.plan.fits = self.fits  # the plan's, which the scan asks
 
     def units(self, r):
         return {u: [u] for u in self.gains}
@@ -495,12 +507,12 @@ class _Scan(search.Search):
 def test_a_scan_cut_by_the_budget_ranks_its_unmeasured_units_after_those_that_helped():
     gains = {"u0": 2.0, "u1": -1.0, "u2": 5.0, "u3": 9.0, "u4": 1.0}
     s = _Scan(gains, affordable=3)
-    ranked = [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}))]
+    ranked = [u for u, _, _ in steps.rank_units(s, context.Track(search.Recipe(form="int8", placement="inputs"), {}))]
     assert ranked == ["u2", "u0", "u3", "u4", "u1"]  # helped by gain, then unmeasured in graph order, then no help
     assert [u["unit"] for u in s.sensitivity[0]["units"]] == ["u2", "u0", "u1"]
     assert s.sensitivity[0]["unmeasured"] == ["u3", "u4"]
     s = _Scan(gains, affordable=0)  # no unit measured: graph order
-    assert [u for u, _, _ in s.rank_units(search.Track(search.Recipe(form="int8", placement="inputs"), {}))] \
+    assert [u for u, _, _ in steps.rank_units(s, context.Track(search.Recipe(form="int8", placement="inputs"), {}))] \
         == list(gains)
 
 
@@ -508,10 +520,10 @@ def test_the_tensorrt_form_keeps_two_thirds_of_the_compute_in_int8():
     """Without a GPU speed gate, a TensorRT-form candidate may not leave more than a third of the compute float:
     a strongly typed network runs it in FP32 and the FP16 plan would be faster."""
     s = _CountedSearch(10, units=30)  # 10 of 30 equal units float: exactly 2/3 left in INT8
-    r = s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(30))
+    r = fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(30))
     assert r is not None and len(r.float_nodes) == 10
     s = _CountedSearch(11, units=30)
-    assert s.fallback("v", search.Recipe(form="int8", placement="inputs"), _units(30)) is None
+    assert fallback.fallback(s, "v", search.Recipe(form="int8", placement="inputs"), _units(30)) is None
     assert max(n for _, n in s.tried) == 10, s.tried  # nothing past the share was even built
 
 
@@ -671,36 +683,40 @@ def test_cpu_int8_classes():
     assert int8_class([]) == "generic"
 
 
-def test_a_candidate_the_speed_gate_alone_rejects_is_kept_with_its_accuracy(tiny):
+def test_a_candidate_the_speed_gate_alone_rejects_is_kept_with_its_accuracy(tiny, monkeypatch):
     """A CPU of the class that cannot run the FP32 competitor the candidate lost to races it there: the search keeps
     the fastest candidate that held every accuracy gate, with its whole-split validation metrics."""
     path, sensitive = tiny
     spec = TinySpec()
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # the real ceiling and quick timings pass
 
-    class Outrun(search.Search):
-        def candidate_speed(self, r):  # what a faster FP32 competitor (bf16) would leave it
-            return {"speedup_batch8": 0.9, "speedup_lo_batch8": 5e-4, "speedup_hi_batch8": 9e-4,
-                    "int8_speedup": 0.9, "int8_speedup_lo": 5e-4}
+    def outrun(ctx, r):  # what a faster FP32 competitor (bf16) would leave it
+        return {"speedup_batch8": 0.9, "speedup_lo_batch8": 5e-4, "speedup_hi_batch8": 9e-4,
+                "int8_speedup": 0.9, "int8_speedup_lo": 5e-4}
 
-    result = Outrun(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
-                    min_int8_share=0.0).run()
+    with monkeypatch.context() as m:
+        m.setattr(timing, "candidate_speed", outrun)
+        result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=True, progress=False,
+                                                 log=lambda _m: None, min_int8_share=0.0))
     assert not result.passed and result.recipe is None and "fastest that met the accuracy gates" in result.reason
     kept = result.accurate
     assert kept is not None and kept["speed"]["int8_speedup_lo"] == 5e-4
     assert sensitive in kept["recipe"]["float_nodes"] and len(kept["recipe"]["float_nodes"]) < 3
     assert all(t.met(kept["validation"]) and t.met(kept["test"]) for t in spec.TARGETS), kept
     # Its validation numbers are the whole split's, as the search measured them: the same graph scores the same.
-    rebuilt = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    rebuilt = search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
     again = rebuilt.val.metrics(rebuilt.build(search.Recipe.from_json(kept["recipe"])))
     assert again == pytest.approx(kept["validation"], abs=1e-6)
     # One that the held-out test split rejects is not kept (a test-split gate no graph meets).
-    strict = Outrun(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None, min_int8_share=0.0)
+    strict = search.SearchContext(spec, path, ["int8"], check_speed=True, progress=False, log=lambda _m: None,
+                                  min_int8_share=0.0)
     strict.targets["test"] = [Target("cosine_min", ">=", 1.0 + 1e-9)]
-    assert strict.run().accurate is None
+    with monkeypatch.context() as m:
+        m.setattr(timing, "candidate_speed", outrun)
+        assert search.run(strict).accurate is None
     # A search that is not speed-gated has no such candidate.
-    assert search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                         min_int8_share=0.0).run().accurate is None
+    assert search.run(search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False,
+                                           log=lambda _m: None, min_int8_share=0.0)).accurate is None
 
 
 def _recipe_file(tmp_path, served: dict, env_features=("avx2", "avx512bw", "avx512_vnni")):
@@ -935,8 +951,8 @@ def test_a_speed_gate_the_fastest_start_cannot_meet_ends_the_search_before_any_u
     path, _ = tiny
     spec = TinySpec()
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1000.0)  # no INT8 graph is 1000x its FP32 graph
-    result = search.Search(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
-                           log=lambda _m: None).run()
+    result = search.run(search.SearchContext(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
+                                             log=lambda _m: None))
     assert not result.passed and result.recipe is None
     assert result.reason.startswith("no recipe can meet the speed gate"), result.reason
     assert result.speed["speedup_hi_batch8"] < 1000.0
@@ -969,7 +985,8 @@ def unbudgeted(tiny):
     """The slow spec's whole search: the faster of two (a process's first pays onnxruntime's warm-up)."""
     path, _ = tiny
     spec = _SlowSpec()
-    return spec, min((search.Search(spec, path, ["int8"], **_QUIET).run() for _ in range(2)), key=lambda r: r.seconds)
+    return spec, min((search.run(search.SearchContext(spec, path, ["int8"], **_QUIET)) for _ in range(2)),
+                     key=lambda r: r.seconds)
 
 
 @pytest.mark.parametrize("share", [0.5, 0.7, 0.85])
@@ -980,7 +997,8 @@ def test_a_budget_never_starts_a_step_it_cannot_afford_and_lists_what_it_cut(tin
     assert next(s.change for s in free.steps if s.stage == "variant") == "as started + calibrate=entropy"
     budget = free.seconds * share
     logs: list[str] = []
-    cut = search.Search(spec, path, ["int8"], budget=Budget.of(budget), **{**_QUIET, "log": logs.append}).run()
+    cut = search.run(search.SearchContext(spec, path, ["int8"], budget=Budget.of(budget),
+                                          **{**_QUIET, "log": logs.append}))
     assert cut.cuts, f"{share} of the time a whole search took, and nothing was cut"
     assert any("not started" in line for line in logs)
 
@@ -1034,15 +1052,16 @@ def test_the_kinds_prior_is_tried_first(tiny):
     spec = TinySpec()
     for prior in ("int8", "uint8"):  # whichever measured better at the start, the prior's form goes first
         spec.SEARCH_PRIOR = {"form": prior, "calibrate_method": "entropy"}
-        s = search.Search(spec, path, ["int8", "uint8"], check_speed=False, progress=False, log=lambda _m: None)
-        tracks = s.start()
+        s = search.SearchContext(spec, path, ["int8", "uint8"], check_speed=False, progress=False,
+                                 log=lambda _m: None)
+        tracks = steps.start(s)
         assert tracks[0].recipe.form == prior
         assert s.steps[0].change == f"form={prior} placement=inputs", "the prior's start was not measured first"
-    names = [name for name, _ in s.variants(tracks[0])]
+    names = [name for name, _ in steps.knob_variants(s, tracks[0])]
     assert names[0] == "as started" and names[1] == "as started + calibrate=entropy", names
     spec.SEARCH_PRIOR = {}
-    plain = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
-    assert [n for n, _ in plain.variants(tracks[0])][1] == "as started + calibrate=percentile"
+    plain = search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    assert [n for n, _ in steps.knob_variants(plain, tracks[0])][1] == "as started + calibrate=percentile"
 
 
 def test_a_further_start_must_leave_the_first_track_its_time(tiny):
@@ -1055,35 +1074,38 @@ def test_a_further_start_must_leave_the_first_track_its_time(tiny):
     spec.SPEED_TARGET = Target("int8_speedup", ">=", 0.01)  # no start dropped for speed: each gives a track
     hour = 3600.0
 
-    class Track(search.Search):
-        rest = 0.0
+    def leaving(s: search.SearchContext, rest: float) -> search.SearchContext:
+        """`s`, its plan reckoning that the first track leaves `rest` seconds after its start."""
+        real_after_start = s.plan.after_start
 
-        def _after_start(self, first):
-            real = super()._after_start(first)
+        def after_start(units: int) -> float:
+            real = real_after_start(units)
+            first = search.Recipe(form="uint8", placement="inputs")  # the prior's start, measured first
             # At least the scan: every unit and the unperturbed graph once, at a start's sample time.
-            assert real >= (len(self.units(first)) + 1) * self.estimate("start:sample") > 0
-            return self.rest
+            assert real >= (len(s.units(first)) + 1) * s.plan.estimate("start:sample") > 0
+            return rest
+
+        s.plan.after_start = after_start
+        s.plan.deadline = s.plan.t0 + hour
+        return s
 
     for rest, measured in ((0.0, 4), (hour, 1)):
-        s = Track(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None,
-                  budget=Budget.of(hour))
-        s.rest = rest
-        s._deadline = s._t0 + hour
-        s.start()
+        s = leaving(search.SearchContext(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
+                                         log=lambda _m: None, budget=Budget.of(hour)), rest)
+        steps.start(s)
         assert s.steps[0].change == "form=uint8 placement=inputs" and len(s.steps) == measured, s.steps
-        assert [c["stage"] for c in s.cuts] == ["start:sample"] * (4 - measured), s.cuts
+        assert [c["stage"] for c in s.plan.cuts] == ["start:sample"] * (4 - measured), s.plan.cuts
     # A first track already under the speed gate leaves nothing to protect: every start is measured, and a speed
     # ceiling then speaks for every form.
     spec.SPEED_TARGET = Target("int8_speedup", ">=", 1000.0)
 
-    class Slow(Track):
+    class Slow(search.SearchContext):
         early_speed = 0.0  # none dropped: each start under the gate still gives a (slow) track
 
-    s = Slow(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None,
-             budget=Budget.of(hour))
-    s.rest, s._deadline = hour, s._t0 + hour
-    s.start()
-    assert len(s.steps) == 4 and not s.cuts, (s.steps, s.cuts)
+    s = leaving(Slow(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None,
+                     budget=Budget.of(hour)), hour)
+    steps.start(s)
+    assert len(s.steps) == 4 and not s.plan.cuts, (s.steps, s.plan.cuts)
 
 
 def test_a_start_too_slow_to_keep_is_dropped_before_its_accuracy_is_scored(tiny, monkeypatch):
@@ -1091,20 +1113,21 @@ def test_a_start_too_slow_to_keep_is_dropped_before_its_accuracy_is_scored(tiny,
     new-model fixture); the fastest is still remembered for the speed ceiling. Fast enough, each is scored."""
     path, _ = tiny
     scored = []
-    real = search.Evaluator.metrics
-    monkeypatch.setattr(search.Evaluator, "metrics", lambda self, *a, **k: scored.append(1) or real(self, *a, **k))
+    real = evaluate.Evaluator.metrics
+    monkeypatch.setattr(evaluate.Evaluator, "metrics", lambda self, *a, **k: scored.append(1) or real(self, *a, **k))
     spec = TinySpec()
     for gate, evaluations in ((1000.0, 0), (0.01, 4)):
         spec.SPEED_TARGET = Target("int8_speedup", ">=", gate)
         scored.clear()
-        s = search.Search(spec, path, ["int8", "uint8"], check_speed=True, progress=False, log=lambda _m: None)
-        tracks = s.start()
+        s = search.SearchContext(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
+                                 log=lambda _m: None)
+        tracks = steps.start(s)
         assert len(s.steps) == 4 and len(scored) == evaluations, (gate, s.steps)
         assert all(bool(st.metrics) == bool(evaluations) and st.speedup for st in s.steps)
-        assert s._fastest is not None and len(tracks) == min(evaluations, s.max_tracks)
+        assert s.fastest is not None and len(tracks) == min(evaluations, s.max_tracks)
     spec.SPEED_TARGET = Target("int8_speedup", ">=", 1000.0)
-    result = search.Search(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
-                           log=lambda _m: None).run()
+    result = search.run(search.SearchContext(spec, path, ["int8", "uint8"], check_speed=True, progress=False,
+                                             log=lambda _m: None))
     assert result.reason.startswith("no recipe can meet the speed gate"), result.reason
     page = pages.render_markdown({"model": "tiny", "form": "served", "status": "fp32-fallback", "served": "fp32",
                                   "created": "today", "search": result.to_json()})
@@ -1167,23 +1190,25 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
     monkeypatch.setattr(calibration, "collect", lambda graph, *a, **k: passes.append(graph) or original(graph, *a, **k))
     quiet = dict(check_speed=False, progress=False, log=lambda _m: None, min_int8_share=0.0)
 
-    searcher = search.Search(spec, path, ["int8"], budget=Budget.of(1e-6), committed=(committed, params), **quiet)
+    searcher = search.SearchContext(spec, path, ["int8"], budget=Budget.of(1e-6), committed=(committed, params),
+                                    **quiet)
     assert searcher.build(committed).SerializeToString() == onnx.load(str(replayed)).SerializeToString()
-    result = searcher.run()
+    result = search.run(searcher)
     assert result.passed and result.recipe == committed, result.reason
     assert [s.stage for s in result.steps] == ["committed"] and not passes, (result.steps, passes)
     assert all(t.met(result.validation) and t.met(result.test) for t in spec.TARGETS)
     # Without it, the same budget runs the first start, which calibrates.
-    alone = search.Search(spec, path, ["int8"], budget=Budget.of(1e-6), **quiet).run()
+    alone = search.run(search.SearchContext(spec, path, ["int8"], budget=Budget.of(1e-6), **quiet))
     assert [s.stage for s in alone.steps] == ["start"] and passes and not alone.passed
 
-    class Outrun(search.Search):  # a faster FP32 competitor (bf16) than the candidate
-        def candidate_speed(self, r):
-            return {"speedup_batch8": 0.9, "speedup_lo_batch8": 0.8, "speedup_hi_batch8": 0.95,
-                    "int8_speedup": 0.9, "int8_speedup_lo": 0.8}
+    def outrun(ctx, r):  # a faster FP32 competitor (bf16) than the candidate
+        return {"speedup_batch8": 0.9, "speedup_lo_batch8": 0.8, "speedup_hi_batch8": 0.95,
+                "int8_speedup": 0.9, "int8_speedup_lo": 0.8}
 
-    slow = Outrun(spec, path, ["int8"], budget=Budget.of(1e-6), committed=(committed, params),
-                  **{**quiet, "check_speed": True}).run()
+    with monkeypatch.context() as m:
+        m.setattr(timing, "candidate_speed", outrun)
+        slow = search.run(search.SearchContext(spec, path, ["int8"], budget=Budget.of(1e-6),
+                                               committed=(committed, params), **{**quiet, "check_speed": True}))
     assert not slow.passed and "fastest that met the accuracy gates" in slow.reason, slow.reason
     assert slow.accurate["recipe"]["float_nodes"] == [sensitive] and slow.accurate["speed"]["int8_speedup_lo"] == 0.8
 
@@ -1191,7 +1216,7 @@ def test_a_re_search_judges_the_committed_candidate_first_from_its_parameters(ti
     everything = search.Recipe(form="int8", placement="inputs")
     given = quantize_with_params(path, tmp_path / "all.onnx", everything.to_quant(spec.WEIGHT_OPS),
                                  spec.calibration_batches, spec.calibration_batch_count(), progress=False)
-    again = search.Search(spec, path, ["int8"], committed=(everything, given), **quiet).run()
+    again = search.run(search.SearchContext(spec, path, ["int8"], committed=(everything, given), **quiet))
     assert again.steps[0].stage == "committed" and not again.steps[0].passed
     assert again.passed and sensitive in again.recipe.float_nodes and again.steps[1].stage == "start"
 
@@ -1212,8 +1237,8 @@ def test_a_re_search_trims_the_committed_candidate_before_any_start(tiny, tmp_pa
     spec = TinySpec()
     other = next(n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Gemm" and n.name != sensitive)
     committed, params = _committed(path, spec, [sensitive, other], tmp_path / "c.onnx")
-    result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                           min_int8_share=0.0, committed=(committed, params)).run()
+    result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False,
+                                             log=lambda _m: None, min_int8_share=0.0, committed=(committed, params)))
     stages = [s.stage for s in result.steps]
     assert stages[:4] == ["committed", "trim", "trim", "confirm"], stages
     # Last added first: the other layer returns, then the sensitive one, tried, stays.
@@ -1235,9 +1260,9 @@ def test_a_committed_candidate_within_the_margin_only_is_trimmed_before_it_is_dr
 
     def run(margin: float):
         lines: list[str] = []
-        s = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lines.append,
-                          min_int8_share=0.0, committed=(committed, params), margin=margin)
-        return s, s.run(), lines
+        s = search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False, log=lines.append,
+                                 min_int8_share=0.0, committed=(committed, params), margin=margin)
+        return s, search.run(s), lines
 
     _, plain, _ = run(0.0)
     room = min(slack(t, plain.steps[0].metrics) for t in spec.TARGETS)
@@ -1251,8 +1276,9 @@ def test_a_committed_candidate_within_the_margin_only_is_trimmed_before_it_is_dr
     assert any("no trim of it holds" in line for line in lines) is not confirm.passed, lines
 
     bare = _committed(path, spec, [], tmp_path / "b.onnx")  # the sensitive layer in INT8: under the gates
-    dropped = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                            min_int8_share=0.0, committed=bare, margin=room * 1.5).run()
+    dropped = search.run(search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False,
+                                              log=lambda _m: None, min_int8_share=0.0, committed=bare,
+                                              margin=room * 1.5))
     assert not dropped.steps[0].passed and dropped.steps[1].stage != "trim", [st.stage for st in dropped.steps]
 
 
@@ -1301,8 +1327,8 @@ def test_the_kinds_prior_float_nodes_are_one_candidate_before_the_scan(tiny, nam
     spec = TinySpec()
     harmless = next(n for n in search.quantizable_nodes(path, spec.WEIGHT_OPS) if n != sensitive)
     spec.SEARCH_PRIOR_FLOAT = ("^" + (sensitive if named == "sensitive" else harmless) + "$",)
-    result = search.Search(spec, path, ["int8"], check_speed=False, progress=False, log=lambda _m: None,
-                           min_int8_share=0.0).run()
+    result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=False, progress=False,
+                                             log=lambda _m: None, min_int8_share=0.0))
     stages = [s.stage for s in result.steps]
     prior = stages.index("prior")
     assert "variant" in stages[:prior] and "fallback" not in stages[:prior], stages
@@ -1322,12 +1348,12 @@ def test_a_samples_reference_is_the_whole_splits_rows_once_that_is_computed(tiny
     hard = {1: [0, 5], 4: [2]}
     evaluate._REFERENCES.pop(evaluate._reference_key(spec, path, "validation"), None)  # another test's
     assert not evaluate.reference_ready(spec, path, "validation")
-    fresh = search.Evaluator(spec, path, "validation", stride=3, extra_rows=hard).ref  # the sample's own run
+    fresh = evaluate.Evaluator(spec, path, "validation", stride=3, extra_rows=hard).ref  # the sample's own run
     evaluate.reference(spec, path, "validation")
     assert evaluate.reference_ready(spec, path, "validation")
     with monkeypatch.context() as m:  # no session opened: the FP32 graph does not run again
         m.setattr(evaluate, "session", lambda *_a, **_k: pytest.fail("the sample ran the FP32 graph again"))
-        sliced = search.Evaluator(spec, path, "validation", stride=3, extra_rows=hard)
+        sliced = evaluate.Evaluator(spec, path, "validation", stride=3, extra_rows=hard)
     assert len(sliced.ref) == 64 * 2 + 3 and sliced.ref is not fresh
     np.testing.assert_allclose(sliced.ref, fresh, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(sliced.ref, evaluate.run_batches(evaluate.session(path), sliced.batches), atol=1e-6)
@@ -1340,16 +1366,16 @@ def test_the_prior_float_nodes_go_on_the_priors_own_variant_first(tiny):
     spec = TinySpec()
     spec.SEARCH_PRIOR_FLOAT = ("^" + sensitive + "$",)
     spec.SEARCH_PRIOR = {}
-    probe = search.Search(spec, path, ["int8"], **_QUIET)
-    track = probe.start()[0]
-    named = dict(probe.variants(track))
+    probe = search.SearchContext(spec, path, ["int8"], **_QUIET)
+    track = steps.start(probe)[0]
+    named = dict(steps.knob_variants(probe, track))
     scores = {name: probe.measure("variant", name, r, evaluator=probe.sample).distortion
               for name, r in named.items() if name != "as started"}
     worst = max(scores, key=scores.get)
     assert scores[worst] > min(scores.values()), scores  # else any rule would pick it
-    spec.SEARCH_PRIOR = {k: getattr(named[worst], k) for k in search.KNOBS
+    spec.SEARCH_PRIOR = {k: getattr(named[worst], k) for k in context.KNOBS
                          if getattr(named[worst], k) != getattr(track.recipe, k)}
-    result = search.Search(spec, path, ["int8"], **_QUIET).run()
+    result = search.run(search.SearchContext(spec, path, ["int8"], **_QUIET))
     priors = [s for s in result.steps if s.stage == "prior"]
     assert priors and priors[0].recipe == replace(named[worst], float_nodes=[sensitive]).describe(), priors
 
@@ -1376,8 +1402,8 @@ def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_vari
     spec = TinySpec()
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # timing is not under test: any speed passes
     logs: list[str] = []
-    result = search.Search(spec, path, ["int8"], check_speed=True, progress=False, log=logs.append,
-                           min_int8_share=0.0, speed_variants=(DEFAULT, int8_variant)).run()
+    result = search.run(search.SearchContext(spec, path, ["int8"], check_speed=True, progress=False, log=logs.append,
+                                             min_int8_share=0.0, speed_variants=(DEFAULT, int8_variant)))
     assert result.passed and last in result.recipe.float_nodes, result.reason
     assert result.int8_variant == timed_on
     assert any(f"misses run as {int8_variant}" in line for line in logs) == (timed_on != int8_variant), logs
@@ -1476,17 +1502,17 @@ def test_the_speed_probe_decides_a_served_form_no_int8_graph_can_win_before_its_
     path, _ = tiny
     spec = TinySpec()
     spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=gate)
-    workspace = search.Workspace()
+    workspace = Workspace()
     try:
         got, probed = pipeline.speed_probe(spec, path, ["int8", "uint8"], workspace,
-                                           (search.DEFAULT, search.DEFAULT), False)
+                                           (DEFAULT, DEFAULT), False, gates.absolute(spec, "served"))
         assert (got is not None) == decided
         if decided:
             assert got.recipe is None and not got.passed and "can meet the speed gate" in got.reason
             assert got.speed["int8_speedup"] < gate and got.form == "int8/uint8"
         else:  # the start that cleared the gate, and its timings, for the search
             assert probed.cleared is not None and set(probed.ceiling) >= {"speedup_hi_batch8"}
-            assert probed.quick[search._key(probed.cleared)] > gate
+            assert probed.quick[context.key(probed.cleared)] > gate
         assert workspace.prepared and not workspace.ranges and not workspace.stats  # graphs shared, ranges not
     finally:
         workspace.close()
@@ -1512,10 +1538,10 @@ def test_the_speed_probe_rejects_what_the_exact_path_cannot_open_off_vnni(tiny, 
     monkeypatch.setattr(builder, "_opens_exactly", refuse)
     lines: list[str] = []
     monkeypatch.setattr(pipeline, "_log", lines.append)
-    workspace = search.Workspace()
+    workspace = Workspace()
     try:
         got, probed = pipeline.speed_probe(spec, path, ["int8", "uint8"], workspace,
-                                           (search.DEFAULT, search.DEFAULT), False)
+                                           (DEFAULT, DEFAULT), False, gates.absolute(spec, "served"))
     finally:
         workspace.close()
     refused = [line for line in lines if "probe" in line and "rejected" in line]
@@ -1530,25 +1556,40 @@ def test_the_search_does_not_time_again_what_the_speed_probe_timed(tiny, monkeyp
     spec = TinySpec()
     spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=0.01)
     spec.SEARCH_PRIOR = {"form": "int8", "placement": "inputs"}
-    workspace = search.Workspace()
+    workspace = Workspace()
     try:
-        _, probed = pipeline.speed_probe(spec, path, ["int8"], workspace, (search.DEFAULT, search.DEFAULT), False)
+        _, probed = pipeline.speed_probe(spec, path, ["int8"], workspace, (DEFAULT, DEFAULT), False,
+                                         gates.absolute(spec, "served"))
         timed = []
-        real = search.speedup
-        monkeypatch.setattr(search, "speedup", lambda *a, **k: timed.append(tuple(a[3])) or real(*a, **k))
+        real = timing.speedup
+
+        def counted(*a, **k):
+            return timed.append(tuple(a[3])) or real(*a, **k)
+
+        # The search's own timings (a start's quick one, the ceiling, a candidate's); a wall's is the fallback's.
+        monkeypatch.setattr(context, "speedup", counted)
+        monkeypatch.setattr(timing, "speedup", counted)
+        real_prefix_speed = timing.prefix_speed
+
+        def prefix_speed(ctx, r, batch):
+            with monkeypatch.context() as m:
+                m.setattr(timing, "speedup", real)
+                return real_prefix_speed(ctx, r, batch)
+
+        monkeypatch.setattr(timing, "prefix_speed", prefix_speed)
 
         def run(**kw):
             timed.clear()
             lines: list[str] = []
-            search.Search(spec, path, ["int8"], check_speed=True, progress=False, log=lines.append,
-                          workspace=workspace, **kw).run()
+            search.run(search.SearchContext(spec, path, ["int8"], check_speed=True, progress=False, log=lines.append,
+                                            workspace=workspace, **kw))
             return list(timed), lines
 
         alone, _ = run()
         # The other start as if the probe had timed it too, slower (the probe stops at the first that clears):
         # the cleared one is then the fastest whatever this machine's noise.
-        other = search._key(search.Recipe(form="int8", placement="all"))
-        inputs = probed.quick[search._key(probed.cleared)]
+        other = context.key(search.Recipe(form="int8", placement="all"))
+        inputs = probed.quick[context.key(probed.cleared)]
         after, lines = run(probed=replace(probed, quick={**probed.quick, other: inputs / 2}))
     finally:
         workspace.close()
@@ -1566,11 +1607,11 @@ def test_the_speed_probe_ends_at_the_first_start_that_clears_the_gate_everywhere
     spec.SPEED_TARGET = replace(spec.SPEED_TARGET, value=gate)
     spec.SEARCH_PRIOR = {"form": "uint8", "placement": "all"}  # the last start in the listed order
     lines: list[str] = []
-    workspace = search.Workspace()
+    workspace = Workspace()
     try:
-        s = search.Search(FewCalibrationBatches(spec), path, ["int8", "uint8"], check_speed=True,
-                          progress=False, log=lines.append, workspace=workspace.graphs_only())
-        got = s.speed_probe()
+        s = search.SearchContext(FewCalibrationBatches(spec), path, ["int8", "uint8"], check_speed=True,
+                                 progress=False, log=lines.append, workspace=workspace.graphs_only())
+        got = timing.speed_probe(s)
     finally:
         workspace.close()
     assert (got is None) == (gate < 1.0)

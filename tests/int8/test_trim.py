@@ -1,4 +1,4 @@
-"""The fallback's trim (tritonkit.int8.fallback.Fallbacks.trim, Search.refine): a passing candidate's float nodes put
+"""The fallback's trim (tritonkit.int8.fallback.trim, steps.refine): a passing candidate's float nodes put
 back in INT8 one at a time where every gate still holds, on the small MatMul model whose middle layer reads an
 outlier token (tests/int8/test_granularity.py)."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.int8.test_granularity import MatMulSpec, model  # noqa: F401 (the module's fixture)
-from tritonkit.int8 import search
+from tritonkit.int8 import fallback, search, steps, timing
 from tritonkit.int8.records import Recipe
+from tritonkit.serving.runtimes import DEFAULT
 
 LAYERS = ("/a/MatMul", "/b/MatMul", "/c/MatMul")
 
@@ -16,12 +17,12 @@ LAYERS = ("/a/MatMul", "/b/MatMul", "/c/MatMul")
 @pytest.fixture
 def whole_block(model):  # noqa: F811
     """(a candidate with every layer float, as a fallback over one block would leave it; the outlier layer; the
-    activation product; a Search of the model, given whether it has a speed gate)."""
+    activation product; a search context of the model, given whether it has a speed gate)."""
     path, outlier, activation = model
 
-    def searcher(check_speed: bool) -> search.Search:
-        return search.Search(MatMulSpec(), path, ["uint8"], check_speed=check_speed, progress=False,
-                             log=lambda _m: None)
+    def searcher(check_speed: bool) -> search.SearchContext:
+        return search.SearchContext(MatMulSpec(), path, ["uint8"], check_speed=check_speed, progress=False,
+                                    log=lambda _m: None)
 
     return Recipe(form="uint8", placement="inputs", float_nodes=[*LAYERS, activation]), outlier, activation, searcher
 
@@ -30,7 +31,7 @@ def test_trim_puts_back_in_int8_every_float_node_but_the_one_the_gates_need(whol
     r, outlier, _activation, searcher = whole_block
     s = searcher(check_speed=False)
     assert s.measure("confirm", "the block float", r).passed  # what a fallback hands over
-    trimmed = s.trim(r)
+    trimmed = fallback.trim(s, r)
     assert trimmed is not None and trimmed.float_nodes == [outlier]  # the activation product holds INT8 here
     steps = [st for st in s.steps if st.stage == "trim"]
     # No ranking: the recipe's order reversed (a fallback adds its most sensitive units first).
@@ -43,7 +44,7 @@ def test_trim_tries_the_least_sensitive_units_nodes_first(whole_block):
     r, _outlier, activation, searcher = whole_block
     s = searcher(check_speed=False)
     ranked = [("/b", ["/b/MatMul"], 0.9), ("/c", ["/c/MatMul"], 0.1), ("family:act", [activation], 0.3)]
-    s.trim(r, ranked)
+    fallback.trim(s, r, ranked)
     tried = [st.change.split(" back")[0] for st in s.steps if st.stage == "trim"]
     assert tried == ["/c/MatMul", activation, "/b/MatMul", "/a/MatMul"]  # by gain, then unranked in order
 
@@ -62,7 +63,7 @@ def test_a_trim_the_whole_split_rejects_keeps_the_longest_run_of_its_returns_tha
         return with_(step, passed=False) if stage == "confirm" else step
 
     s.measure = measure
-    trimmed = s.trim(r)
+    trimmed = fallback.trim(s, r)
     returned = [n for n in r.float_nodes[::-1] if n != outlier]  # the sample let these back, in this order
     assert trimmed is not None
     assert trimmed.float_nodes == [n for n in r.float_nodes if n not in returned[:2]]  # all 3 "missed"
@@ -73,35 +74,35 @@ def test_a_trim_the_whole_split_rejects_keeps_the_longest_run_of_its_returns_tha
 def test_trim_judges_on_a_sample_with_the_rows_its_returns_hurt_most(whole_block):
     r, _outlier, _activation, searcher = whole_block
     s = searcher(check_speed=False)
-    s.trim(r)
+    fallback.trim(s, r)
     assert s.sample.extra_rows  # the whole split's worst rows under every trimmable node in INT8
 
 
 def test_a_trim_that_brings_nothing_back_leaves_the_candidate(whole_block):
     _r, outlier, _activation, searcher = whole_block
     s = searcher(check_speed=False)
-    assert s.trim(Recipe(form="uint8", placement="inputs", float_nodes=[outlier])) is None
+    assert fallback.trim(s, Recipe(form="uint8", placement="inputs", float_nodes=[outlier])) is None
 
 
 @pytest.mark.parametrize("faster", [True, False])
-def test_the_trimmed_candidate_leads_only_where_it_beats_its_parent_head_to_head(whole_block, faster):
+def test_the_trimmed_candidate_leads_only_where_it_beats_its_parent_head_to_head(whole_block, monkeypatch, faster):
     """The served form: the trimmed recipe races its parent (scripted here: which is faster is the point); the
     parent stays a candidate either way. TensorRT's form, without a speed gate, puts the trimmed one first."""
     r, outlier, _activation, searcher = whole_block
     s = searcher(check_speed=True)
-    s.granular = lambda timed: [timed]  # this test is about the trim's offer
+    monkeypatch.setattr(steps, "granular", lambda ctx, timed: [timed])  # this test is about the trim's offer
     ratio = 1.3 if faster else 0.97
-    s.race_parent = lambda parent, rivals: [{"int8_speedup": 1.2},
-                                            *({"int8_speedup": 1.2 * ratio, "over_parent_lo": ratio} for _ in rivals)]
-    offered = s.refine((r, {"int8_speedup": 1.25}))
+    monkeypatch.setattr(timing, "race_parent", lambda ctx, parent, rivals: [
+        {"int8_speedup": 1.2}, *({"int8_speedup": 1.2 * ratio, "over_parent_lo": ratio} for _ in rivals)])
+    offered = steps.refine(s, (r, {"int8_speedup": 1.25}))
     if faster:
         assert [g.float_nodes for g, _ in offered] == [[outlier], r.float_nodes]
         assert offered[1][1] == {"int8_speedup": 1.2}  # the parent's time from the same race
     else:
         assert offered == [(r, {"int8_speedup": 1.25})]
-    assert s.refine((r, {"int8_speedup": 1.25})) == [(r, {"int8_speedup": 1.25})]  # trimmed once per recipe
+    assert steps.refine(s, (r, {"int8_speedup": 1.25})) == [(r, {"int8_speedup": 1.25})]  # trimmed once per recipe
     trt = searcher(check_speed=False)
-    assert [g.float_nodes for g, _ in trt.refine((r, {}))] == [[outlier], r.float_nodes]
+    assert [g.float_nodes for g, _ in steps.refine(trt, (r, {}))] == [[outlier], r.float_nodes]
 
 
 @pytest.mark.parametrize("served", ["all", "parent", "none"])
@@ -124,22 +125,22 @@ def test_a_return_is_kept_only_where_it_holds_run_as_its_parent_is_served(whole_
         return metrics, [*problems, "refused by the test"] if refused else problems
 
     monkeypatch.setattr(Evaluator, "served_problems", served_problems)
-    s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None,
-                      speed_variants=(search.DEFAULT, "openvino"))
-    trimmed = s.trim(r)
+    s = search.SearchContext(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None,
+                             speed_variants=(DEFAULT, "openvino"))
+    trimmed = fallback.trim(s, r)
     passing = [st for st in s.steps if st.stage == "trim" and st.passed]
     assert passing
     if served == "none":  # the parent's run only: its returns are judged as ONNX Runtime computes them
-        assert ran == ["openvino"] and s.served_variant(r) == search.DEFAULT, ran
+        assert ran == ["openvino"] and timing.served_variant(s, r) == DEFAULT, ran
     else:  # the parent's run, then each sample pass run as served
-        assert ran == ["openvino"] * (1 + len(passing)) and s.served_variant(r) == "openvino", ran
+        assert ran == ["openvino"] * (1 + len(passing)) and timing.served_variant(s, r) == "openvino", ran
     if served == "parent":
         assert trimmed is None
     else:  # OpenVINO f32 computes within the gates here what onnxruntime does
         assert trimmed is not None and trimmed.float_nodes == [outlier], trimmed
     ran.clear()
-    s = search.Search(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
-    s.trim(r)
+    s = search.SearchContext(MatMulSpec(), path, ["uint8"], check_speed=True, progress=False, log=lambda _m: None)
+    fallback.trim(s, r)
     assert ran == []
 
 
@@ -155,12 +156,14 @@ def test_the_trim_leaves_time_for_the_finer_granularity_step_after_it(whole_bloc
     r, _outlier, _activation, searcher = whole_block
     s = searcher(check_speed)
     s.measure("confirm", "the block float", r)
-    s._durations = {"confirm:split": [20.0], "speed": [10.0], "test": [20.0], "trim:sample": [1.0]}
-    reserve = s._reserve()
-    # the trimmed recipe's confirmation and race, then at least one scheme's whole split and race (MatMuls here)
-    assert s._after_trim(r) >= (20.0 + 10.0 + 20.0 + 10.0 if check_speed else 0.0)
-    s._deadline = time.perf_counter() + reserve + 30.0  # room for the returns, not for the served steps after them
-    s.budget_s, s.budget = 100.0, Budget(s._deadline, 100.0)
-    s.trim(r)
+    s.plan.durations = {"confirm:split": [20.0], "speed": [10.0], "test": [20.0], "trim:sample": [1.0]}
+    reserve = s.plan.reserve()
+    # the trimmed recipe's confirmation and race, then at least one scheme's whole split and race (MatMuls here),
+    # reckoned as steps.refine hands it to the trim
+    later = s.plan.after_trim(len(steps.granular_nodes(s, r)))
+    assert later >= (20.0 + 10.0 + 20.0 + 10.0 if check_speed else 0.0)
+    s.plan.deadline = time.perf_counter() + reserve + 30.0  # room for the returns, not for the served steps after
+    s.plan.budget_s, s.plan.budget = 100.0, Budget(s.plan.deadline, 100.0)
+    fallback.trim(s, r, later=later)
     started = [st for st in s.steps if st.stage == "trim"]
     assert (not started) == check_speed, [st.change for st in started]

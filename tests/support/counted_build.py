@@ -1,7 +1,9 @@
 """`python -m tritonkit.build ARGS` with a ledger of what it measured: every whole-split evaluation of a graph
 (tritonkit.int8.evaluate.Evaluator.metrics, the packed proof's and the runtime choice's accuracy checks) and every
-timing of a graph at the served batch sizes (tritonkit.int8.speed.speedup), keyed by the graph's sha256, written as
-JSON to $COUNTED_BUILD_LEDGER. The measuring code runs unchanged: each spy records, then calls through.
+timing of a graph at the served batch sizes (tritonkit.int8.speed.speedup), keyed by the graph's sha256, every
+measurement of the FP32 graph's seconds a row (tritonkit.int8.floor.row_seconds) and every construction of a form's
+`Gates` (tritonkit.int8.gates), written as JSON to $COUNTED_BUILD_LEDGER. The measuring code runs unchanged: each
+spy records, then calls through.
 
     python tests/support/counted_build.py <build args...>
 """
@@ -55,14 +57,23 @@ def main(argv: list[str]) -> int:
 
     TextEmbedding.write_packed = counted_write_packed
     evaluate.Evaluator.metrics = counted_metrics
-    for module in (speed, sys.modules.get("tritonkit.int8.search"), sys.modules.get("tritonkit.int8.fallback")):
-        if module is not None and hasattr(module, "speedup"):
-            module.speedup = counted_speedup
+    speed.speedup = counted_speedup
     runtime_choice.accuracy = counted_accuracy
     # Modules that imported speedup by name before the spy was set: bind theirs too.
-    from tritonkit.int8 import fallback, search
+    from tritonkit.int8 import context, floor, gates, timing
 
-    search.speedup = fallback.speedup = counted_speedup
+    context.speedup = timing.speedup = counted_speedup
+    row_seconds, make_gates = floor.row_seconds, gates._make
+
+    def counted_row_seconds(kind, fp32, *args, **kwargs):
+        ledger.append({"what": "row_seconds", "graph": _digest(fp32)})
+        return row_seconds(kind, fp32, *args, **kwargs)
+
+    def counted_gates(kind, form, *args, **kwargs):
+        ledger.append({"what": "gates", "form": form})
+        return make_gates(kind, form, *args, **kwargs)
+
+    floor.row_seconds, gates._make = counted_row_seconds, counted_gates
     try:
         return build.main(argv)
     finally:

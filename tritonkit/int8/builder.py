@@ -50,7 +50,7 @@ class Workspace:
         self.tmp.cleanup()
 
 
-# Calibration batches a speed probe's graphs read (Search.speed_probe): a graph's speed does not depend on its ranges.
+# Calibration batches a speed probe's graphs read (timing.speed_probe): a graph's speed does not depend on its ranges.
 PROBE_CALIBRATION_BATCHES = 2
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from tritonkit import envinfo, paths
 from tritonkit.int8 import judge, report
 from tritonkit.int8.builder import Builder
-from tritonkit.int8.gates import MIN_TENSORRT_INT8_SHARE, Gates, for_entry
+from tritonkit.int8.gates import Gates, for_entry
 from tritonkit.int8.judge import Judgement
 from tritonkit.int8.recipe import (
     FALLBACK,
@@ -35,7 +35,6 @@ from tritonkit.int8.recipe import (
 )
 from tritonkit.int8.records import Recipe
 from tritonkit.int8.speed import BF16_COMPETITOR
-from tritonkit.kinds.gates import missed
 from tritonkit.serving.runtimes import DEFAULT
 
 
@@ -73,9 +72,10 @@ def competitor(kind, entry: dict, served: str) -> str:
 
 
 def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | None = None, progress: bool = True,
-           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT)) -> Outcome:
+           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), known: Judgement | None = None) -> Outcome:
     """Build `out` from the resolved recipe of `form` in `data`, judge it against `gates` (default: the entry's,
-    tritonkit.int8.gates.for_entry) and decide; FP32 goes there when the search found nothing."""
+    tritonkit.int8.gates.for_entry) and decide; FP32 goes there when the search found nothing. `known`: this build's
+    search's judgement of the graph it found, handed on in memory (used where the rebuilt bytes are the same)."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
     from tritonkit.int8.params import file_digest
 
@@ -126,15 +126,11 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
     variants = (competitor(kind, entry, speed_variants[0]), speed_variants[1]) if form == "served" else None
     # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
     # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
-    judged = judge.judge(kind, fp32, form, tmp, exact, variants, digest, log=_log)
+    judged = judge.judge(kind, fp32, form, tmp, exact, variants, digest, log=_log, known=known)
     metrics = {"test": judged.test, "validation": entry.get("validation") or {}}
     speed = judged.speed
-    miss = [f"test: {m}" for m in gates.missed("test", metrics["test"])]
-    if gates.speed is not None and not gates.speed.met(speed):
-        miss += missed([gates.speed], speed)
     share = artefact_int8_share(tmp, kind.WEIGHT_OPS)
-    if form == "tensorrt" and share < MIN_TENSORRT_INT8_SHARE:  # GPU speed is not measurable here; compute is
-        miss.append(f"int8_mac_share {share:.3f} < {MIN_TENSORRT_INT8_SHARE:.3f}: the FP16 plan would be faster")
+    miss = gates.verdict(metrics["test"], speed, share)
     # Accuracy is the class's, speed this machine's (two CPUs of one class differ, e.g. with and without AMX): a
     # served recipe that misses only its speed gate here serves FP32, loudly, rather than failing the build.
     slow_here = form == "served" and not any(m.startswith("test: ") for m in miss)

@@ -54,6 +54,12 @@ class Gates:
             self.floor, self.targets = self.pending()
             self.pending = None
 
+    def unmeasured(self, why: str) -> None:
+        """A form its build did not search (the budget or the speed probe cut it): the kind's own bounds stand, and
+        the floor record says why none was measured."""
+        if self.deferred:  # its bounds are the absolute ones until a floor is measured
+            self.floor, self.pending = {"precision": self.floor["precision"], "unavailable": why}, None
+
     def decided(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> bool | None:
         """Whether `metrics` hold `split`'s gates (with `margin`, scoring.passes) as far as the bounds known now
         tell: None where only the deferred floor can say."""
@@ -71,6 +77,22 @@ class Gates:
             self.resolve()
             verdict = passes(self.targets[split], metrics, margin)
         return verdict
+
+    @property
+    def min_int8_share(self) -> float:
+        """The compute-share gate: the least share of the weighted multiply-accumulates an INT8 graph of this form
+        keeps in INT8 (TensorRT's, whose speed is the GPU's; 0 for the served form, whose speed gate decides)."""
+        return MIN_TENSORRT_INT8_SHARE if self.form == "tensorrt" else 0.0
+
+    def verdict(self, test: Mapping[str, float], speed: Mapping[str, float], share: float) -> list[str]:
+        """Every gate a built file misses: its test-split metrics ("test: ..."), its speed against FP32 (served
+        form) and its INT8 share of the compute (TensorRT form). Empty: it serves."""
+        miss = [f"test: {m}" for m in self.missed("test", test)]
+        if self.speed is not None and not self.speed.met(speed):
+            miss += missed([self.speed], dict(speed))
+        if share < self.min_int8_share:  # GPU speed is not measurable here; compute is
+            miss.append(f"int8_mac_share {share:.3f} < {self.min_int8_share:.3f}: the FP16 plan would be faster")
+        return miss
 
     def missed(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> list[str]:
         """What `metrics` miss of `split`'s gates with `margin` (empty: they hold; judged as `holds` judges)."""

@@ -1,6 +1,6 @@
 """Activations quantized at run time at a finer granularity than one static range per tensor, for the MatMuls a
 search would otherwise leave in float (their static ranges meet outliers): the served form's step before float
-(tritonkit.int8.search.Search.granular). Weights stay per-channel INT8; a scheme needs no calibration, so a recipe
+(tritonkit.int8.steps.granular). Weights stay per-channel INT8; a scheme needs no calibration, so a recipe
 that names one replays byte-identically from its weights alone.
 
 Schemes, in the order a search tries them (docs/int8-search.md, "Finer granularity"):

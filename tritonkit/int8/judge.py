@@ -85,15 +85,18 @@ def record(judgement: Judgement) -> Judgement:
 
 
 def judge(kind, fp32: Path, form: str, model: Path, exact: bool, variants: Sequence[str] | None = None,
-          digest: str | None = None, log: Callable[[str], None] = print) -> Judgement:
+          digest: str | None = None, log: Callable[[str], None] = print, known: Judgement | None = None
+          ) -> Judgement:
     """`model` (a file) on the test split in the arithmetic `exact` asks for and, with `variants` (served form), its
-    speed against FP32 at the served batch sizes; a judgement already made of the same bytes is reused instead."""
+    speed against FP32 at the served batch sizes; a judgement already made of the same bytes is reused instead:
+    `known`, this build's search's, handed on in memory, else one kept by an earlier build."""
     from tritonkit.int8.evaluate import Evaluator
     from tritonkit.int8.speed import speedup
 
     digest = digest or digest_of(model)
     ctx = context(kind, fp32)
-    found = lookup(digest, form, exact, ctx, variants)
+    same = known is not None and known.digest == digest and known.fits(form, exact, ctx, variants)
+    found = known if same else lookup(digest, form, exact, ctx, variants)
     if found is not None:
         log(f"{kind.NAME}: {form} INT8 {digest[:12]} judged already (by the {found.by}, on this CPU): not "
             "measured again")

@@ -6,23 +6,30 @@
                entry + Gates ──build──▶ graph ──judge──▶ Judgement      tritonkit.int8.builder, .judge
                Judgement ──decide──▶ Outcome + report                   tritonkit.int8.decide, .report
 
-Takes the kind, its FP32 file, the runtime variants that serve FP32 and INT8 here and a `Budget`; returns one
-`Outcome` per form (with the Gates and Judgement that the packed proof and the runtime choice reuse) and whether it
-searched. Nothing here calls back into the build.
+Takes the kind, its FP32 file, the runtime variants that serve FP32 and INT8 here, a `Budget` and the build's
+measured facts of the FP32 file; returns one `Outcome` per form (with the Gates and Judgement that the packed proof
+and the runtime choice reuse) and whether it searched. Nothing here calls back into the build: a searched form hands
+its Gates and Judgement to its replay in memory (`Searched`); disk keeps the recipe, the reports and the judgement
+cache for later builds.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit import envinfo, fingerprint, paths
 from tritonkit.errors import GateError
-from tritonkit.int8 import decide, gates, judge, proof, report
+from tritonkit.int8 import decide, gates, judge, proof, report, search, timing
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, SERVED_SHARE, START_PASSES, Budget
 from tritonkit.int8.builder import FewCalibrationBatches, Workspace
+from tritonkit.int8.context import SearchContext
 from tritonkit.int8.decide import Outcome
+from tritonkit.int8.facts import FP32Facts
+from tritonkit.int8.gates import Gates
+from tritonkit.int8.judge import Judgement
 from tritonkit.int8.recipe import (
     FALLBACK,
     FORMS,
@@ -37,8 +44,16 @@ from tritonkit.int8.recipe import (
 )
 from tritonkit.int8.recipe import write as write_recipes
 from tritonkit.int8.records import ProbeTimings, Recipe, SearchResult
-from tritonkit.int8.search import Search
-from tritonkit.serving.runtimes import usable_here
+from tritonkit.serving.runtimes import MIN_GAIN, usable_here
+
+
+@dataclass
+class Searched:
+    """One form's search, handed to its replay in memory: the gates it judged by and, where it found a recipe, the
+    judgement of the graph it found (the replay rebuilds those bytes)."""
+
+    gates: Gates
+    judgement: Judgement | None = None
 
 
 def _log(msg: str) -> None:
@@ -57,12 +72,15 @@ def outputs(kind) -> dict[str, tuple[Path, str]]:
 
 def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: bool = False,
         search_if_missing: bool = False, only: str | None = None, fresh: bool = False, budget: Budget | None = None,
-        force: bool = False, progress: bool = True, competitor=None) -> tuple[list[Outcome], bool]:
+        force: bool = False, progress: bool = True, facts: FP32Facts | None = None) -> tuple[list[Outcome], bool]:
     """The INT8 `forms` of `kind` from its recipe file (searched first with `search`, or where there is none and
     `search_if_missing`), each form built, judged and decided unless up to date; and whether it searched.
-    `variants`: the runtime variants (FP32's, INT8's) that serve the models here; `competitor(variant) -> variant`:
-    the FP32 file's variant as the INT8 name would serve it (tritonkit.int8.speed.fp32_competitor), for a search."""
-    budget = budget or Budget()
+    `variants`: the runtime variants (FP32's, INT8's) that serve the models here; a search's served speed gate races
+    FP32 as the INT8 name would serve it (tritonkit.int8.speed.fp32_competitor)."""
+    from tritonkit.int8.speed import fp32_competitor
+
+    budget, facts = budget or Budget(), facts or FP32Facts(kind, fp32)
+    searched_forms: dict[str, Searched] = {}
     data = load_recipes(kind)
     if data is None and not (search or search_if_missing):
         raise GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe_path(kind))}); run "
@@ -73,10 +91,11 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
             _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe_path(kind))}): searching")
         only = only if search else None
         against = variants[0]
-        if only in (None, "served") and competitor is not None:  # the served gate races FP32 as the INT8 name serves it
-            against = competitor(variants[0])
+        if only in (None, "served"):  # the served gate races FP32 as the INT8 name would serve it
+            against = fp32_competitor(kind, fp32, variants[0], MIN_GAIN, log=_log)[0]
         searching = budget.less(AFTER_SEARCH_SHARE * budget.seconds) if budget.bounded else budget
-        data = search_forms(kind, fp32, progress, searching, only, (against, variants[1]), fresh)
+        data, searched_forms = search_forms(kind, fp32, progress, searching, only, (against, variants[1]), fresh,
+                                            facts)
         force = True
     outcomes = []
     for form, (out, stage) in outputs(kind).items():
@@ -93,8 +112,10 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
         _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe_path(kind))} → {paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
         entry = data[form]
-        form_gates = gates.for_entry(kind, fp32, form, entry, log=_log)
-        outcome = decide.replay(kind, fp32, form, data, out, form_gates, progress, replay_variants(variants, entry))
+        done = searched_forms.get(form)  # judged by its search in this build: its gates and judgement, in memory
+        form_gates = done.gates if done else gates.for_entry(kind, fp32, form, entry, log=_log)
+        outcome = decide.replay(kind, fp32, form, data, out, form_gates, progress, replay_variants(variants, entry),
+                                done.judgement if done else None)
         outcomes.append(outcome)
         if form == "served":
             _prove_here(kind, entry, outcome, replay_variants(variants, entry))
@@ -106,7 +127,7 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
 
 
 def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
-    """`variants` with INT8's the one its search timed it on (Search.int8_variant, where its gates held; bf16-free
+    """`variants` with INT8's the one its search timed it on (timing.int8_variant, where its gates held; bf16-free
     here where this CPU has none), so a replay's speed gate races what the search's did."""
     searched = entry.get("int8_variant")
     if entry.get("borrowed_from") or not searched:  # a donor's variant was timed on the donor's CPU, not here
@@ -164,15 +185,17 @@ def form_share(kind, fp32: Path, form: str, left_s: float, fraction: float, row_
     return None, 1.0
 
 
-def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: tuple[str, str], progress: bool
-                ) -> tuple[SearchResult | None, ProbeTimings]:
-    """The served form's result where no INT8 graph can meet its speed gate (Search.speed_probe), before its floor
-    is measured or anything calibrated, else None; and what the probe timed, which the search does not time again."""
+def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: tuple[str, str], progress: bool,
+                form_gates: Gates) -> tuple[SearchResult | None, ProbeTimings]:
+    """The served form's result where no INT8 graph can meet its speed gate (timing.speed_probe, by `form_gates`'
+    speed gate), before its floor is measured or anything calibrated, else None; and what the probe timed, which the
+    search does not time again."""
     t0 = time.perf_counter()
     # exact as the search judges: off VNNI a start onnxruntime's exact path cannot open is rejected, not timed
-    probe = Search(FewCalibrationBatches(kind), fp32, forms, check_speed=True, progress=progress, log=_log,
-                   workspace=workspace.graphs_only(), speed_variants=speed_variants, exact=judge.exact_judgement())
-    ceiling = probe.speed_probe()
+    probe = SearchContext(FewCalibrationBatches(kind), fp32, forms, check_speed=True, progress=progress, log=_log,
+                          workspace=workspace.graphs_only(), speed_variants=speed_variants,
+                          exact=judge.exact_judgement(), gates=form_gates)
+    ceiling = timing.speed_probe(probe)
     if ceiling is None:
         return None, probe.probed
     return SearchResult("/".join(forms), None, {}, {}, ceiling[1], [], [], [], round(time.perf_counter() - t0, 1),
@@ -180,17 +203,19 @@ def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: t
 
 
 def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None = None, only: str | None = None,
-                 speed_variants: tuple[str, str] = ("onnxruntime", "onnxruntime"), fresh: bool = False) -> dict:
+                 speed_variants: tuple[str, str] = ("onnxruntime", "onnxruntime"), fresh: bool = False,
+                 facts: FP32Facts | None = None) -> tuple[dict, dict[str, Searched]]:
     """Search both forms (or `only` one, keeping the other's committed recipe and log) within `budget`; write the
-    recipe file, the quantization parameters and the full search report, keep each found recipe's judgement
-    (tritonkit.int8.judge) for the replay; returns the recipe data resolved for this CPU. `speed_variants`: the
-    runtime variants that serve the FP32 and INT8 models here, which the speed gate times. Each form judges its
-    committed candidate first (Search.committed_first) unless `fresh`."""
+    recipe file, the quantization parameters and the full search report; returns the recipe data resolved for this
+    CPU and, per searched form, what its replay reuses (`Searched`: its gates and its found recipe's judgement,
+    also kept by tritonkit.int8.judge for later builds). `speed_variants`: the runtime variants that serve the FP32
+    and INT8 models here, which the speed gate times. Each form judges its committed candidate first
+    (steps.committed_first) unless `fresh`."""
     from tritonkit.export import write_json
-    from tritonkit.int8 import floor
     from tritonkit.int8.params import file_digest
 
-    t0, budget = time.perf_counter(), budget or Budget()
+    t0, budget, facts = time.perf_counter(), budget or Budget(), facts or FP32Facts(kind, fp32)
+    searched: dict[str, Searched] = {}
     out: dict = {"model": kind.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
     full: dict = {}
     cpu = envinfo.int8_class()
@@ -214,7 +239,6 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
                     full[form] = old[form]
     source = file_digest(fp32)
     workspace = Workspace()  # the TensorRT form reuses the served search's graphs, ranges and references
-    row_s = None  # FP32 seconds a row here (floor.row_seconds), measured once where a budget needs it
     exact = judge.exact_judgement()
     both = only is None
     try:
@@ -225,22 +249,26 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             own = committed.get(form, {}).get(cpu) if form == "served" else committed.get(form)
             candidate = None if fresh else committed_candidate(kind, form, own, fp32, source)
             result, probed = None, None
+            # The form's gates, once: the probe's speed gate, the search's and the replay's; a floor waits for a
+            # judgement that needs it (or, where the kind cannot wait, for the search to start).
+            form_gates = gates.for_form(kind, fp32, form, log=_log, defer=True)
             if form == "served" and candidate is None:  # a committed candidate is judged first instead
-                result, probed = speed_probe(kind, fp32, forms, workspace, speed_variants, progress)
+                result, probed = speed_probe(kind, fp32, forms, workspace, speed_variants, progress, form_gates)
             fraction = SERVED_SHARE if form == "served" and both else 1.0
             if result is None and budget.bounded:
-                row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32)
-                result, fraction = form_share(kind, fp32, form, max(budget.left(), 1.0), fraction, row_s)
+                result, fraction = form_share(kind, fp32, form, max(budget.left(), 1.0), fraction, facts.row_s())
             if result is not None:
-                form_gates = gates.absolute(kind, form, f"not measured: {result.reason}")
+                form_gates.unmeasured(f"not measured: {result.reason}")
                 _log(f"{kind.NAME}: {result.reason}")
             else:
-                form_gates = gates.for_form(kind, fp32, form, log=_log)
+                if not gates.deferrable(kind):  # measured up front, inside what form_cut counted for it
+                    form_gates.resolve()
                 share = budget.share(fraction)  # after an up-front floor
-                searcher = Search(kind, fp32, forms, check_speed=form == "served", budget=share, progress=progress,
-                                  log=_log, workspace=workspace, exact=exact, gates=form_gates,
-                                  speed_variants=speed_variants, committed=candidate, probed=probed)
-                result = searcher.run()
+                searcher = SearchContext(kind, fp32, forms, check_speed=form == "served", budget=share,
+                                         progress=progress, log=_log, workspace=workspace, exact=exact,
+                                         gates=form_gates, speed_variants=speed_variants, committed=candidate,
+                                         probed=probed, facts=facts)
+                result = search.run(searcher)
             full[form] = result.to_json()
             # Committed beside the recipe (or the candidate CPUs without bf16 replay): replays skip calibration.
             kept = result.recipe or (Recipe.from_json(result.accurate["recipe"]) if result.accurate else None)
@@ -251,11 +279,13 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             elif (stale := params_path(kind, form, {"class": cpu})).exists():  # an earlier recipe's: unread now
                 stale.unlink()
                 _log(f"{kind.NAME} {form}: removed {paths.rel(stale)} (no recipe to replay)")
+            judged = None
             if result.recipe is not None and result.digest:  # the replay rebuilds these bytes: it reuses this
-                judge.record(judge.Judgement(result.digest, form, exact, judge.context(kind, fp32), result.test,
-                                             result.speed if form == "served" else {},
-                                             [speed_variants[0], result.int8_variant] if form == "served" else [],
-                                             by="search"))
+                judged = judge.record(judge.Judgement(
+                    result.digest, form, exact, judge.context(kind, fp32), result.test,
+                    result.speed if form == "served" else {},
+                    [speed_variants[0], result.int8_variant] if form == "served" else [], by="search"))
+            searched[form] = Searched(form_gates, judged)
             entry = {
                 "recipe": result.recipe.to_json() if result.recipe else None,
                 **({"speed_against": speed_variants[0]} if form == "served" else {}),
@@ -280,5 +310,5 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
     write_json(report.REPORTS / f"{kind.NAME}_int8_search.json", {**out, "search": full})
     _log(f"{kind.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
          f"build/reports/{kind.NAME}_int8_search.json")
-    return load_recipes(kind)
+    return load_recipes(kind), searched
 

@@ -74,7 +74,7 @@ def _log(msg: str) -> None:
 
 
 def committed_candidate(kind, form: str, entry: dict | None, fp32: Path, source: str):
-    """(Recipe, QuantParams) a re-search judges first (Search.committed_first): this class's committed recipe for
+    """(Recipe, QuantParams) a re-search judges first (steps.committed_first): this class's committed recipe for
     `form`, or the accurate candidate its speed gate rejected, with the parameters that build it without a
     calibration pass (a donor's entry, `borrowed_from`: the donor class's). None without one, or where its
     parameters do not apply to this FP32 graph (said)."""

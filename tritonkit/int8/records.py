@@ -23,11 +23,11 @@ class SearchSpec(Protocol):
     SPEED_TARGET: Target  # INT8 vs FP32 at the served batch sizes ("int8_speedup")
     SPEED_BATCHES: Sequence[int]
     SERVE_THREADS: int
-    # Optional: the knobs to try first ("form", "placement" and tritonkit.int8.search.KNOBS' names), what won
+    # Optional: the knobs to try first ("form", "placement" and tritonkit.int8.context.KNOBS' names), what won
     # on the kind's shipped models, so a budget that ends early has tried them.
     SEARCH_PRIOR: dict
     # Optional: family names or node-name patterns its shipped models kept float, tried as one candidate first
-    # (Search.prior_float).
+    # (steps.prior_float).
     SEARCH_PRIOR_FLOAT: tuple[str, ...]
 
     def calibration_batches(self): ...
@@ -105,7 +105,7 @@ class Recipe:
 
 @dataclass(frozen=True)
 class ProbeTimings:
-    """What the served form's speed probe (Search.speed_probe) timed, which its search then does not time again:
+    """What the served form's speed probe (timing.speed_probe) timed, which its search then does not time again:
     `quick`, each start's speed-up at the largest served batch size by recipe key; `cleared`, the start timed over
     the speed gate at every served batch size, and `ceiling`, those timings."""
 
@@ -146,14 +146,14 @@ class SearchResult:
     reason: str = ""
     # Steps the budget did not start: stage, what, estimate_s, left_s (after reserve_s), at_s (from the start)
     cuts: list[dict] = field(default_factory=list)
-    # Fallbacks ended by the speed gate (Search._at_wall): recipe, float_nodes, batch, speed; their longer prefixes
+    # Fallbacks ended by the speed gate (fallback._at_wall): recipe, float_nodes, batch, speed; their longer prefixes
     # were not tried (only slower), their shorter ones missed accuracy.
     walls: list[dict] = field(default_factory=list)
     # The fastest candidate that held every accuracy gate on the whole validation split and the test split when the
     # speed gate alone rejected it (recipe, validation, test, speed): a CPU that cannot run the FP32 competitor it
     # lost to races it there.
     accurate: dict | None = None
-    # The variant the speed gate timed the recipe's INT8 graph on (Search.int8_variant): a replay times it there.
+    # The variant the speed gate timed the recipe's INT8 graph on (timing.int8_variant): a replay times it there.
     int8_variant: str | None = None
     # sha256 of the recipe's graph as the search judged it (tritonkit.int8.judge keys its judgement by it).
     digest: str | None = None

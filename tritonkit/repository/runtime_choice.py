@@ -32,7 +32,7 @@ from tritonkit import envinfo, paths
 from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference_ready, row_count
 from tritonkit.int8.params import file_digest
 from tritonkit.serving import runtimes
-from tritonkit.serving.runtimes import DEFAULT, VARIANTS, needs_bf16, open_variant, usable_here
+from tritonkit.serving.runtimes import DEFAULT, MIN_GAIN, VARIANTS, needs_bf16, open_variant, usable_here
 
 # Distinct text mixes timed per batch size: a server's every call has a new input shape, and OpenVINO prepares
 # kernels per shape (docs/runtimes.md), so one repeated batch would overstate it.
@@ -47,9 +47,6 @@ ROUNDS = 7
 MIN_ROUNDS = 3
 # Of a file's share of a build's budget, what the timing may take; the rest is for the accuracy checks.
 TIMING_SHARE = 0.6
-# OpenVINO must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
-# measured 1.04x and 1.05x in two runs a minute apart (models/image_classification.runtime.json history).
-MIN_GAIN = 1.10
 
 
 def choice_path(kind) -> Path:
@@ -374,14 +371,19 @@ def reusable(old: dict | None, digest: str, source: str, served: str, threads: i
 
 
 def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str,
-                 deadline: float | None = None, timed: dict | None = None, gates=None) -> dict:
+                 deadline: float | None = None, timed: dict | None = None, gates=None, least: bool = False,
+                 facts=None) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime. `deadline` (time.perf_counter): the timing takes TIMING_SHARE of what is left
     (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
     the record's `budget_cut` says so (a later build measures again, reusable). `timed`: its timings, measured on
     the same graph at the same threads (twin_timings); its accuracy checks are its own. `gates`: the served form's
-    (tritonkit.int8.gates), where the build judged the INT8 file by them: not measured again."""
+    (tritonkit.int8.gates), where the build judged the INT8 file by them: not measured again. `least`: the build's
+    budget was spent before its turn: timed in MIN_ROUNDS, the fewest that give a median, with no deadline, so the
+    file still serves on the runtime its gates hold on; the record's `budget_cut` says so (measured whole later).
+    `facts`: the build's measured facts of the FP32 file (tritonkit.int8.facts), its seconds a row not measured
+    again."""
     from tritonkit.int8 import floor
     from tritonkit.int8 import gates as int8_gates
     from tritonkit.kinds.gates import Target, missed
@@ -392,8 +394,8 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     budget = None if deadline is None else max(deadline - time.perf_counter(), 0.0) * TIMING_SHARE
     rounds: dict[str, int] = {}
     try:
-        speed = timed or time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, budget_s=budget,
-                                       rounds_used=rounds)
+        speed = timed or time_variants(kind, file, variants, kind.SPEED_BATCHES, threads,
+                                       MIN_ROUNDS if least else ROUNDS, budget_s=budget, rounds_used=rounds)
     except BudgetSpent as spent:
         cut = f"timing cut by the build's budget ({spent}; batch sizes timed: {', '.join(rounds) or 'none'})"
         return {"file": paths.rel(file), "sha256": digest, "threads": threads, "runtime": DEFAULT, "reason": cut,
@@ -406,6 +408,9 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
               **({"timed_as": kind.INT8_MODEL} if timed else {})}
     if any(r < ROUNDS for r in rounds.values()):
         record["rounds"] = rounds
+    if least:
+        record["budget_cut"] = (f"timed in {MIN_ROUNDS} rounds, the fewest: the build's budget was spent before its "
+                                "turn")
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
     # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.gates). A floor only loosens the absolute
     # gates, so it is measured only for a variant that misses them (MPNet's: ~9 min on 2 cores, where the search
@@ -415,15 +420,17 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     else:
         text = hasattr(kind, "DIM")
         targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
-    runtime, reasons, batches, row_s = DEFAULT, [], kind.eval_batches("test"), None
+    from tritonkit.int8.facts import FP32Facts
+
+    runtime, reasons, batches = DEFAULT, [], kind.eval_batches("test")
+    facts = facts or FP32Facts(kind, fp32)
     for variant in sorted((v for v in variants if v != DEFAULT), key=lambda v: -gains[v]):
         if gains[variant] < MIN_GAIN:
             reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
             break
         if deadline is not None:
-            row_s = row_s if row_s is not None else floor.row_seconds(kind, fp32, "test")
-            need = check_seconds(row_count(batches), row_s, _rate(speed[variant]) / _rate(speed[DEFAULT]), threads,
-                                 not reference_ready(kind, fp32, "test", batches))
+            need = check_seconds(row_count(batches), facts.row_s(), _rate(speed[variant]) / _rate(speed[DEFAULT]),
+                                 threads, not reference_ready(kind, fp32, "test", batches))
             left = deadline - time.perf_counter()
             if need > left:
                 record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x, its accuracy check (about {need:.0f} s) "
@@ -433,7 +440,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
         metrics = accuracy(kind, file, fp32, variant, threads, batches)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
         if gated and deadline is not None and gates.decided("test", metrics) is None:  # only the floor can tell
-            need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], row_s)
+            need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], facts.row_s())
             left = deadline - time.perf_counter()
             if need > left:
                 record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x misses the absolute gates; its bf16 "
@@ -460,12 +467,14 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     return record
 
 
-def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, budget=None, gates=None) -> dict:
+def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, budget=None, gates=None,
+           facts=None) -> dict:
     """Measure (or reuse this class's committed measurement of unchanged files) and write models/<name>.runtime.json;
     returns this class's entry (empty for a spec that lives in no file: it keeps ONNX Runtime). `budget`
     (tritonkit.int8.budget.Budget), a build's: the files to measure share what is left by their work (`shares`),
-    the INT8 name (what a client calls by default) first; a file whose share is spent is not measured and serves
-    ONNX Runtime. `gates`: the served form's, as the build judged the INT8 file."""
+    the INT8 name (what a client calls by default) first; a file whose share is spent is still timed, in the fewest
+    rounds (choose_model's `least`), so no name serves a runtime the build did not measure. `gates`: the served
+    form's, as the build judged the INT8 file; `facts`: the build's measured facts of the FP32 file."""
     deadline = budget.deadline if budget is not None else None
     if kind.spec.file is None:
         return {}
@@ -506,20 +515,18 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
         if deadline is not None:
             now = time.perf_counter()
             end = now + (deadline - now) * fraction
-            if end <= now and timed is None:
-                cut = "not measured: the build's budget was spent"
-                records[model] = {"file": served, "sha256": digest, "threads": served_threads(kind, model),
-                                  "runtime": DEFAULT, "reason": cut, "budget_cut": cut, "source": source}
-                log(f"{kind.NAME}: budget: timing {served} not started; {model} → {DEFAULT}. Measure with `python -m "
-                    f"tritonkit.build {kind.NAME} --choose-runtime`")
-                continue
+        least = end is not None and end <= time.perf_counter() and timed is None
+        if least:  # never starved: a file the build's budget left no time for is still timed, at the least
+            end = None
+            log(f"{kind.NAME}: budget: spent before {served}'s turn; timed in {MIN_ROUNDS} rounds, the fewest (measure "
+                f"it whole with `python -m tritonkit.build {kind.NAME} --choose-runtime`)")
         if timed is not None:
             log(f"{kind.NAME}: {served} is {kind.INT8_MODEL}'s graph at its threads: its timings are that file's")
         else:
             log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}"
                 + ("" if end is None else f" (within {end - time.perf_counter():.0f} s of the build's budget)"))
         records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end, timed,
-                                         gates if gated else None), "source": source}
+                                         gates if gated else None, least, facts), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
         write_class(kind, data, cpu_class, records, envinfo.cpu_model(), "--choose-runtime")

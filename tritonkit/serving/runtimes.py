@@ -222,6 +222,9 @@ def open_runner(runtime: str, path: Path, config: dict):
 
 
 DEFAULT = "onnxruntime"
+# Another runtime must beat ONNX Runtime by more than timing noise to be worth a change of backend: Lite0's FP32 file
+# measured 1.04x and 1.05x in two runs a minute apart (models/image_classification.runtime.json history).
+MIN_GAIN = 1.10
 # What a served file can run as: runtime and the config parameters that select it (tritonkit.repository.runtime_choice
 # picks one per served model; the INT8 speed gate times on it). bf16 only for files judged by accuracy gates (the
 # INT8 model), and only where the CPU computes bf16 natively; the FP32 twin stays FP32.
