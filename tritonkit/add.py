@@ -4,6 +4,8 @@
     python -m tritonkit.add image-classification --name NAME --loader module:function [--arg key=value ...]
                             [--input-size 240] [--resize 274] [--mean 127,127,127] [--std 128,128,128]
                             [--labels imagenet|FILE] [--num-classes 1000]
+    python -m tritonkit.add text-rerank --name NAME --source DIR [--label NAME|INDEX] [--max-length N]
+    python -m tritonkit.add text-classification --name NAME --source DIR [--max-length N]
 
 Text: DIR is a sentence-transformers directory (modules.json, its Pooling config, tokenizer.json, config.json,
 weights); pooling, normalisation, max length, width and the pad id are read from it. Image: the loader returns a
@@ -57,6 +59,20 @@ def text_spec(name: str, source: str, max_batch_size: int) -> dict:
     return {"name": name, "kind": "text-embedding", "description": f"{Path(source).name} (sentence-transformers)",
             "source": _source_table(source), "model": facts,
             "serving": {"max_batch_size": max_batch_size, "model_instances": 2, "model_threads": 1}}
+
+
+def kind_spec(kind: str, args: argparse.Namespace) -> dict:
+    """A kind whose class reads its own source (`source_facts`): the spec of args.source, served fused too."""
+    from tritonkit import kinds
+
+    try:
+        facts = kinds.kind_class(kind).source_facts(Path(args.source), args)
+    except SourceError as err:
+        raise AddError(str(err)) from None
+    return {"name": args.name, "kind": kind, "description": f"{Path(args.source).name} ({kind})",
+            "source": _source_table(args.source), "model": facts,
+            "serving": {"max_batch_size": args.max_batch_size, "model_instances": 2, "model_threads": 1,
+                        "fused": True}}
 
 
 def image_spec(name: str, loader: str, args: dict, input_size: int, resize: int | None, mean: list[float],
@@ -120,12 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--std", default=",".join(map(str, IMAGENET_STD)), help="R,G,B in 0..255 units")
     image.add_argument("--labels", default="imagenet", help="'imagenet' or a file with one label per line")
     image.add_argument("--num-classes", type=int, default=1000)
-    for p in (text, image):
+    from tritonkit import kinds
+
+    # Kinds whose class declares its own `add` arguments and reads its own source.
+    plugged = {k: kinds.kind_class(k) for k in kinds.KIND_CLASSES}
+    plugged = {k: cls for k, cls in plugged.items() if hasattr(cls, "source_facts")}
+    parsers = [text, image]
+    for kind, cls in plugged.items():
+        parsers.append(sub.add_parser(kind, help=(cls.__doc__ or kind).strip().splitlines()[0]))
+        parsers[-1].add_argument("--name", required=True)
+        cls.add_arguments(parsers[-1])
+    for p in parsers:
         p.add_argument("--max-batch-size", type=int, default=64)
         p.add_argument("--force", action="store_true", help="replace an existing spec")
     args = parser.parse_args(argv)
     try:
-        if args.kind == "text-embedding":
+        if args.kind in plugged:
+            table = kind_spec(args.kind, args)
+        elif args.kind == "text-embedding":
             table = text_spec(args.name, args.source, args.max_batch_size)
         else:
             loader_args = {}

@@ -19,6 +19,8 @@ from tritonkit.kinds import spec as specs
 KIND_CLASSES = {
     "text-embedding": "tritonkit.kinds.text:TextEmbedding",
     "image-classification": "tritonkit.kinds.image:ImageClassification",
+    "text-rerank": "tritonkit.kinds.rerank:TextRerank",
+    "text-classification": "tritonkit.kinds.classification:TextClassification",
 }
 # Build targets of the first two pipelines, kept as short aliases.
 ALIASES = {"text": "text_embedding", "image": "image_classification"}

@@ -13,11 +13,17 @@ from tritonkit.kinds.spec import Spec, SpecError
 class Kind:
     WEIGHT_OPS: tuple[str, ...] = ()
     DEFAULT_GATES: ClassVar[dict[str, float]] = {}
+    # Gates bounded from above (a divergence such as kl_mean): a spec tightens them by lowering them.
+    UPPER_GATES: ClassVar[frozenset[str]] = frozenset()
     # Per gate metric, how far under the FP32 graph's half-precision floor INT8 may fall; and the bounds no floor
     # loosens (tritonkit.int8.floor.targets).
     FLOOR_SLACK: ClassVar[dict[str, float]] = {}
     CATASTROPHE: ClassVar[tuple[Target, ...]] = ()
     SPEED_BATCHES: tuple[int, ...] = (1, 8, 32)
+    # The overload profile's shedding queue per step, (default_timeout_microseconds, max_queue_size)
+    # (tritonkit.repository.variants): timeouts above a full batch's worst case at normal load, queue sizes a
+    # memory backstop well above what the timeout lets pile up at 4x load (perf/bench_overload.py).
+    OVERLOAD: ClassVar[dict[str, tuple[int, int]]] = {"preprocessor": (250_000, 1024), "model": (300_000, 1024)}
     DATA_FILES: tuple[Path, ...] = ()
 
     def __init__(self, spec: Spec):
@@ -29,7 +35,7 @@ class Kind:
         for key, value in spec.gates.items():
             if key not in self.DEFAULT_GATES:
                 raise SpecError(spec.label, f"gates.{key}", f"unknown gate (known: {', '.join(self.DEFAULT_GATES)})")
-            if value < self.DEFAULT_GATES[key]:
+            if (value > self.DEFAULT_GATES[key]) if key in self.UPPER_GATES else (value < self.DEFAULT_GATES[key]):
                 raise SpecError(spec.label, f"gates.{key}", f"{value} is looser than the project's gate "
                                 f"{self.DEFAULT_GATES[key]}; a spec may only tighten gates")
 

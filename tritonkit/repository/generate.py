@@ -29,7 +29,8 @@ MAX_CHARS = 100_000
 MAX_PIXELS = 40_000_000
 MAX_BYTES = 32 * 1024 * 1024
 PYTHON_SHIMS = {"tokenizer": "tritonkit.serving.tokenizer", "image_preprocess": "tritonkit.serving.image_preprocess",
-                "fused": "tritonkit.serving.fused", "fused_image": "tritonkit.serving.fused_image"}
+                "fused": "tritonkit.serving.fused", "fused_image": "tritonkit.serving.fused_image",
+                "fused_text": "tritonkit.serving.fused_text"}
 
 
 @dataclass
@@ -177,8 +178,57 @@ def image_repository(kind) -> list[Entry]:
     return entries
 
 
+def scoring_repository(kind) -> list[Entry]:
+    """A text model whose graph scores token ids (tritonkit.kinds.sequence): the tokenizer (texts or pairs, the
+    kind's TEXT_INPUTS), the FP32 and INT8 graphs (logits and scores, labels on the scores), the ensembles and the
+    fused model, all with the kind's OUTPUTS."""
+    spec, s, f = kind.spec, kind.spec.serving, kind.spec.facts
+    tokenizer_params = {"tokenizer_file": spec.source.ref("tokenizer.json", kind.PREPROCESSOR),
+                        "max_length": str(f.max_length), "max_chars": str(MAX_CHARS), "truncation": kind.TRUNCATION}
+    text_in = [Tensor(name, "STRING", [1], optional=i > 0 and kind.OPTIONAL_PAIR)
+               for i, name in enumerate(kind.TEXT_INPUTS)]
+    token_outputs = [Tensor(name, "INT64", [-1]) for name in kind.INPUTS]
+    extras = [Tensor("num_tokens", "INT32", [1]), Tensor("truncated", "BOOL", [1])]
+    ragged = [Tensor(t.name, t.dtype, t.dims, allow_ragged_batch=True) for t in token_outputs]
+    logits, scores = kind.OUTPUTS
+    outputs = [Tensor(logits, "FP32", [kind.width]), Tensor(scores, "FP32", [kind.width], label_filename="labels.txt")]
+    model_params = {"ragged_max_padding": str(s.ragged_max_padding), "pad_value.input_ids": str(f.pad_id),
+                    "pad_value.attention_mask": "0", **{f"pad_value.{t.name}": "0" for t in token_outputs[2:]}}
+    about = f"{spec.description or spec.name}: {' + '.join(kind.TEXT_INPUTS)} -> {logits} and {scores} " \
+        f"({f.activation}), {kind.width} per row"
+    entries = [
+        Entry(ModelSpec(
+            name=kind.PREPROCESSOR, backend="python", max_batch_size=s.max_batch_size, inputs=text_in,
+            outputs=token_outputs + extras, instance_count=s.preprocessor_instances,
+            dynamic_batching=DynamicBatching(max_queue_delay_microseconds=s.preprocessor_queue_delay_us),
+            parameters=tokenizer_params,
+            header=_header(kind, f"Text -> token ids, padded to the request's longest row (max {f.max_length} "
+                                 f"tokens, truncation {kind.TRUNCATION}, flagged).")), "tokenizer"),
+        _onnx_model(kind, kind.INT8_MODEL, ragged, outputs, s.model_instances, s.model_threads,
+                    {**model_params, **_int8_params(kind)}, f"INT8 model (models/{spec.name}.int8.json): {about}."),
+        _onnx_model(kind, kind.FP32_MODEL, ragged, outputs, s.fp32_instances, s.fp32_threads, model_params,
+                    f"FP32 model: {about}."),
+    ]
+    served = [Tensor(t.name, t.dtype, t.dims) for t in outputs]
+    for ensemble, model in ((spec.name, kind.INT8_MODEL), (f"{spec.name}_fp32", kind.FP32_MODEL)):
+        steps = [
+            EnsembleStep(kind.PREPROCESSOR, {n: n for n in kind.TEXT_INPUTS},
+                         {t.name: t.name for t in token_outputs + extras}),
+            EnsembleStep(model, {t.name: t.name for t in token_outputs}, {t.name: t.name for t in outputs}),
+        ]
+        entries.append(_ensemble(kind, ensemble, text_in, [*served, *extras], steps,
+                                 f"Text in -> {about} ({model}); also num_tokens and truncated per row; "
+                                 f"classification extension on {scores}."))
+    if s.fused:
+        entries.append(_fused(kind, text_in, [*outputs, *extras],
+                              {**tokenizer_params, "ragged_max_padding": str(s.ragged_max_padding),
+                               "pad_id": str(f.pad_id)}, "tokenizer + the INT8 model's ONNX", "fused_text"))
+    return entries
+
+
 # The repository layout of each model kind (specs.Spec.kind).
-LAYOUTS = {"text-embedding": text_repository, "image-classification": image_repository}
+LAYOUTS = {"text-embedding": text_repository, "image-classification": image_repository,
+           "text-rerank": scoring_repository, "text-classification": scoring_repository}
 
 
 def repository(kind) -> list[Entry]:

@@ -146,11 +146,8 @@ OVERLOAD_PROFILE = "overload"
 # Where each pipeline sheds: every step, since a cheap first step (the tokenizer) passes everything on and the
 # queue then grows at the next one. Timeouts sit above a full batch's worst case at normal load; the queue sizes are
 # a memory backstop well above what the timeout lets pile up at 4x load (perf/bench_overload.py measures both).
-# Per kind and step: (default_timeout_microseconds, max_queue_size) of the overload profile's shedding queues.
-_OVERLOAD_BY_KIND = {
-    "text-embedding": {"preprocessor": (250_000, 1024), "model": (300_000, 1024)},
-    "image-classification": {"preprocessor": (300_000, 512), "model": (300_000, 128)},
-}
+# Per step, (default_timeout_microseconds, max_queue_size) of the overload profile's shedding queues: each kind's
+# class says (tritonkit.kinds.base.Kind.OVERLOAD).
 
 
 def overload_policies() -> dict[str, tuple[int, int]]:
@@ -160,7 +157,7 @@ def overload_policies() -> dict[str, tuple[int, int]]:
     out = {}
     for name in kinds.names():
         kind = kinds.get(name)
-        by_step = _OVERLOAD_BY_KIND[kind.spec.kind]
+        by_step = kind.OVERLOAD
         out[kind.PREPROCESSOR] = by_step["preprocessor"]
         for model in (kind.INT8_MODEL, kind.FP32_MODEL):
             out[model] = by_step["model"]
