@@ -33,11 +33,11 @@ def _values(targets) -> dict[str, float]:
 
 
 def test_without_a_floor_the_absolute_gates_stand_plus_the_catastrophe_bounds():
-    assert _values(floor.targets(Spec, None)) == {"a": 0.99, "b": 0.95, "loss": 0.1, "c": 0.995}
+    assert _values(gates.targets(Spec, None)) == {"a": 0.99, "b": 0.95, "loss": 0.1, "c": 0.995}
 
 
 def test_a_floor_below_a_gate_loosens_it_by_the_slack_never_past_a_catastrophe_bound():
-    got = _values(floor.targets(Spec, {"a": 0.975, "b": 0.90, "loss": 0.3}))
+    got = _values(gates.targets(Spec, {"a": 0.975, "b": 0.90, "loss": 0.3}))
     assert got["a"] == 0.97  # 0.975 - 0.01 = 0.965 is below the catastrophe bound 0.97
     assert got["b"] == pytest.approx(0.88)  # 0.90 - 0.02
     assert got["loss"] == pytest.approx(0.35)  # "<=": the floor's 0.3 + 0.05
@@ -45,7 +45,7 @@ def test_a_floor_below_a_gate_loosens_it_by_the_slack_never_past_a_catastrophe_b
 
 
 def test_a_floor_above_a_gate_never_tightens_it():
-    assert _values(floor.targets(Spec, {"a": 1.0, "b": 0.99, "loss": 0.0})) == _values(floor.targets(Spec, None))
+    assert _values(gates.targets(Spec, {"a": 1.0, "b": 0.99, "loss": 0.0})) == _values(gates.targets(Spec, None))
 
 
 def test_the_kinds_bounds_match_the_issue():
@@ -60,10 +60,10 @@ def test_the_kinds_bounds_match_the_issue():
     class Image(ImageClassification):
         TARGETS = (Target("top1_agreement", ">=", 0.98),)
 
-    assert _values(floor.targets(Text, {"cosine_min": 0.5, "cosine_mean": 0.5})) == {"cosine_min": 0.98,
+    assert _values(gates.targets(Text, {"cosine_min": 0.5, "cosine_mean": 0.5})) == {"cosine_min": 0.98,
                                                                                      "cosine_mean": 0.995}
     lite0_bf16 = {"top1_agreement": 0.933429}  # Lite0's measured bf16 floor, test split (docs/int8-search.md)
-    assert _values(floor.targets(Image, lite0_bf16)) == {
+    assert _values(gates.targets(Image, lite0_bf16)) == {
         "top1_agreement": pytest.approx(0.913429), "top1_agreement_margin0.1": 0.99, "fp32_top1_in_int8_top5": 0.995}
 
 

@@ -15,7 +15,7 @@ import pytest
 from tests.support.tiny_search import TinySpec, export_tiny
 from tritonkit import kinds
 from tritonkit.int8 import floor, gates, search
-from tritonkit.int8.scoring import passes
+from tritonkit.int8.gates import passes
 from tritonkit.kinds.gates import Target
 
 
@@ -40,15 +40,15 @@ def test_the_absolute_and_the_loosest_bounds_judge_as_every_floor_would(name):
     miss under any: with and without the search's margin, over floors and metrics drawn around the bounds."""
     kind = kinds.get(name)
     rng = np.random.default_rng(0)
-    loosest = floor.loosest(kind)
-    metrics_of = {t.metric for t in floor.targets(kind, None)} | {t.metric for t in loosest}
+    loosest = gates.loosest(kind)
+    metrics_of = {t.metric for t in gates.targets(kind, None)} | {t.metric for t in loosest}
     checked = {"held": 0, "lost": 0}
     for _ in range(3000):
         half = {m: float(rng.uniform(0.85, 1.0)) for m in kind.FLOOR_SLACK}
         got = {m: 1.0 if rng.random() < 0.4 else float(rng.uniform(0.88, 1.0)) for m in metrics_of}
-        judged = floor.targets(kind, half)
+        judged = gates.targets(kind, half)
         for margin in (0.0, 0.1):
-            if passes(floor.targets(kind, None), got, margin):
+            if passes(gates.targets(kind, None), got, margin):
                 checked["held"] += 1
                 assert passes(judged, got, margin), (half, got, margin)
             if not passes(loosest, got, margin):

@@ -153,3 +153,39 @@ def test_a_class_without_its_own_entry_serves_what_this_machine_proved_of_a_dono
     adopted = replica.decide(replica.record([kind], root / "repo")["models"][kind.INT8_MODEL],
                              kind.INT8_MODEL, faked, bf16=bf16)
     assert adopted.int8 == (made.status == "passed") and "this machine" not in adopted.reason, adopted
+
+
+def test_a_build_whose_search_spends_its_budget_serves_each_name_on_the_fastest_runtime_it_measured(tree):
+    """A new model built with a budget its search cannot start in: INT8 falls back to FP32, and the runtime choice
+    after it is not starved (it used to record "not measured: the build's budget was spent" and serve ONNX Runtime):
+    each name is timed, in the fewest rounds, and serves the fastest variant that beat ONNX Runtime by the margin and
+    held its checks."""
+    from tritonkit.serving.runtimes import DEFAULT, MIN_GAIN
+
+    root, env = tree
+    name = f"{NAME}_spent"
+    source = sentence_transformers_dir(root / "spent", architecture="bert", pooling="mean", normalize=True,
+                                       hidden=128)
+    out = subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", name, "--source",
+                          str(source), "--max-batch-size", "16"], env=env, cwd=paths.ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = subprocess.run([sys.executable, "-m", "tritonkit.build", name, "--no-progress", "--budget-minutes", "0.05"],
+                         env=env, cwd=paths.ROOT, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    served = json.loads((root / "build" / "reports" / f"{name}_int8.json").read_text())
+    assert served["status"] == "fp32-fallback", served  # the budget, or the speed probe, ended its search
+    choice = json.loads((root / "models" / f"{name}.runtime.json").read_text())
+    records = next(iter(choice["classes"].values()))["models"]
+    assert len(records) == 2, records  # the INT8 name (its FP32 fallback) and the FP32 name
+    for model, record in records.items():
+        gains = record.get("vs_onnxruntime")
+        assert gains and record.get("items_per_s"), (model, record)  # measured, though the budget was spent
+        # marked so a later build measures it whole, unless it took its twin's timings (an FP32 fallback's graph)
+        assert "budget" in record.get("budget_cut", "") or record.get("timed_as"), record
+        chosen = record["runtime"]
+        if chosen == DEFAULT:
+            assert max(gains.values()) < MIN_GAIN or "misses" in record["reason"], record
+        else:
+            assert gains[chosen] >= MIN_GAIN, record
+            assert all(f"{v} {gains[v]:.2f}x but misses" in record["reason"] for v in gains if gains[v] > gains[chosen])

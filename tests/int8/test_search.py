@@ -16,9 +16,9 @@ from tritonkit.int8 import context, decide, evaluate, fallback, gates, pages, pi
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, SERVED_SHARE, START_PASSES, Budget
 from tritonkit.int8.builder import FewCalibrationBatches, Workspace
 from tritonkit.int8.checks import check_qdq
+from tritonkit.int8.gates import distortion, passes
 from tritonkit.int8.planner import RESERVED
 from tritonkit.int8.records import Step
-from tritonkit.int8.scoring import distortion, passes
 from tritonkit.int8.speed import BF16_COMPETITOR, fp32_competitor
 from tritonkit.int8.units import group_units
 from tritonkit.kinds.gates import Target
@@ -1251,7 +1251,7 @@ def test_a_committed_candidate_within_the_margin_only_is_trimmed_before_it_is_dr
     """Another machine's FP32 file can leave a committed candidate above every gate but inside the margin (Lite1's
     +39): it is trimmed (each return screened at the gates on the sample) and the trim stands only where the whole
     split holds it with the margin; one that misses even the gates is dropped untrimmed."""
-    from tritonkit.int8.scoring import slack
+    from tritonkit.int8.gates import slack
 
     path, sensitive = tiny
     spec = TinySpec()

@@ -126,7 +126,7 @@ def test_an_int8_file_that_holds_the_absolute_gates_needs_no_floor(tmp_path, mon
 
     from tests.support.text_support import ensure_text_built
     from tritonkit import kinds, paths
-    from tritonkit.int8 import floor
+    from tritonkit.int8 import floor, gates
     from tritonkit.repository.runtime_choice import choose
 
     built = ensure_text_built()
@@ -138,7 +138,7 @@ def test_an_int8_file_that_holds_the_absolute_gates_needs_no_floor(tmp_path, mon
     record = entry["models"][kind.INT8_MODEL]
     if not record.get("accuracy"):
         pytest.skip(f"no variant was checked for accuracy on this CPU: {record['reason']}")
-    absolute = {t.metric: t for t in floor.targets(kind, None)}
+    absolute = {t.metric: t for t in gates.targets(kind, None)}
     for metrics in record.get("accuracy", {}).values():
         assert all(absolute[m].met(metrics) for m in absolute), metrics
     assert not asked, "a floor was measured for a variant that held the absolute gates"

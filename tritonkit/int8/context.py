@@ -18,11 +18,10 @@ from tritonkit.int8.builder import recipe_key as key
 from tritonkit.int8.checks import int8_share
 from tritonkit.int8.evaluate import Evaluator
 from tritonkit.int8.facts import FP32Facts
-from tritonkit.int8.gates import Gates, of_floor
+from tritonkit.int8.gates import Gates, distortion, of_floor, passes
+from tritonkit.int8.gates import summary as _summary
 from tritonkit.int8.planner import Plan
 from tritonkit.int8.records import ProbeTimings, Recipe, SearchSpec, Step
-from tritonkit.int8.scoring import distortion, passes
-from tritonkit.int8.scoring import summary as _summary
 from tritonkit.int8.speed import speedup
 from tritonkit.int8.units import families, group_units, quantizable_nodes
 from tritonkit.kinds.gates import Target

@@ -71,19 +71,71 @@ def competitor(kind, entry: dict, served: str) -> str:
     return against
 
 
-def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | None = None, progress: bool = True,
-           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), known: Judgement | None = None) -> Outcome:
-    """Build `out` from the resolved recipe of `form` in `data`, judge it against `gates` (default: the entry's,
-    tritonkit.int8.gates.for_entry) and decide; FP32 goes there when the search found nothing. `known`: this build's
-    search's judgement of the graph it found, handed on in memory (used where the rebuilt bytes are the same)."""
-    from tritonkit.int8.checks import artefact_int8_share, quantized_ops
+@dataclass
+class Built:
+    """A replay's INT8 graph, written beside its destination (`tmp`) until the decision moves it there."""
+
+    recipe: Recipe
+    tmp: Path
+    digest: str  # sha256 of the graph's bytes, as judged (tritonkit.int8.judge.digest_of)
+    params: str  # where its quantization parameters came from, or why it was calibrated
+    seconds: float
+
+
+def build(kind, fp32: Path, form: str, entry: dict, out: Path, progress: bool = True) -> Built:
+    """Stage 3: the entry's recipe built by the one builder, from its committed quantization parameters where they
+    apply (no calibration pass; those it calibrates are kept under build/ for the next build here)."""
     from tritonkit.int8.params import file_digest
 
+    recipe = Recipe.from_json(entry["recipe"])
+    t0 = time.perf_counter()
+    tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
+    fp32_digest = file_digest(fp32)
+    given, why, source = quant_params(kind, form, entry, fp32, fp32_digest)
+    builder = Builder(kind, fp32, committed=None if given is None else (recipe, given), progress=progress,
+                      all_methods=False, name=f"{kind.NAME}-{form}")
+    try:
+        model = builder.build(recipe, check=True)
+        digest = judge.digest_of(model)
+        builder.write(recipe, tmp)
+        if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
+            saved = builder.quant_params(recipe, recipe_digest(entry["recipe"]), params_origin(kind), fp32_digest)
+            built = saved.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
+            _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")
+    finally:
+        builder.close()
+    return Built(recipe, tmp, digest, paths.rel(source) if given is not None else f"calibrated: {why}",
+                 time.perf_counter() - t0)
+
+
+def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | None = None, progress: bool = True,
+           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), known: Judgement | None = None) -> Outcome:
+    """Build `out` from the resolved recipe of `form` in `data` (`build`), judge it (tritonkit.int8.judge) and
+    decide against `gates` (default: the entry's, tritonkit.int8.gates.for_entry; `decide`); FP32 goes there when the
+    search found nothing. `known`: this build's search's judgement of the graph it found, handed on in memory (used
+    where the rebuilt bytes are the same)."""
     entry = data[form]
     gates = gates or for_entry(kind, fp32, form, entry, log=_log)
     rep: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                  "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
                  "search_env": data.get("env", {}), "search": report.search_summary(kind, form)}
+    if entry["recipe"] is None:
+        return decide(kind, fp32, form, entry, out, gates, rep)
+    built = build(kind, fp32, form, entry, out, progress)
+    variants = (competitor(kind, entry, speed_variants[0]), speed_variants[1]) if form == "served" else None
+    # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
+    # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
+    judged = judge.judge(kind, fp32, form, built.tmp, judge.exact_judgement(), variants, built.digest, log=_log,
+                         known=known)
+    return decide(kind, fp32, form, entry, out, gates, rep, built, judged, variants)
+
+
+def decide(kind, fp32: Path, form: str, entry: dict, out: Path, gates: Gates, rep: dict, built: Built | None = None,
+           judged: Judgement | None = None, variants: tuple[str, str] | None = None) -> Outcome:
+    """Stage 5: what serves under the INT8 name, from the built graph's judgement against the form's gates; its
+    report written (`rep`: what it says besides). No graph built: the search found nothing, FP32 serves."""
+    from tritonkit.int8.checks import artefact_int8_share, quantized_ops
+
     borrowed, here, candidate = entry.get("borrowed_from"), envinfo.int8_class(), entry.get("without_bf16")
     if borrowed:
         rep["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
@@ -101,32 +153,10 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
                     f"served under the INT8 model's name")
         return Outcome(form, out, FALLBACK, [], reason, gates)
 
-    if entry["recipe"] is None:
+    if built is None:
         return fall_back(entry.get("reason", ""))
-    recipe = Recipe.from_json(entry["recipe"])
-    exact = judge.exact_judgement()
-    t0 = time.perf_counter()
-    tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
-    fp32_digest = file_digest(fp32)
-    given, why, source = quant_params(kind, form, entry, fp32, fp32_digest)
-    builder = Builder(kind, fp32, committed=None if given is None else (recipe, given), progress=progress,
-                      all_methods=False, name=f"{kind.NAME}-{form}")
-    try:
-        model = builder.build(recipe, check=True)
-        digest = judge.digest_of(model)
-        builder.write(recipe, tmp)
-        if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
-            saved = builder.quant_params(recipe, recipe_digest(entry["recipe"]), params_origin(kind), fp32_digest)
-            built = saved.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
-            _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")
-    finally:
-        builder.close()
-    build_s = time.perf_counter() - t0
-    rep["quantization_parameters"] = paths.rel(source) if given is not None else f"calibrated: {why}"
-    variants = (competitor(kind, entry, speed_variants[0]), speed_variants[1]) if form == "served" else None
-    # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
-    # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
-    judged = judge.judge(kind, fp32, form, tmp, exact, variants, digest, log=_log, known=known)
+    tmp, recipe = built.tmp, built.recipe
+    rep["quantization_parameters"] = built.params
     metrics = {"test": judged.test, "validation": entry.get("validation") or {}}
     speed = judged.speed
     share = artefact_int8_share(tmp, kind.WEIGHT_OPS)
@@ -154,7 +184,7 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
     rep.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
                recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
                test=metrics["test"], speed=speed, speed_variants=list(variants) if speed else None,
-               int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(build_s, 1),
-               judged_by=judged.by, sha256=digest)
+               int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(built.seconds, 1),
+               judged_by=judged.by, sha256=built.digest)
     write()
     return Outcome(form, out, rep["status"], miss, "", gates, judged)

@@ -19,7 +19,6 @@ bound, whichever is looser; never below the kind's CATASTROPHE bounds, which no 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -31,31 +30,6 @@ from tritonkit import envinfo, paths
 from tritonkit.int8.evaluate import reference
 
 PRECISION = {"served": "bf16", "tensorrt": "fp16"}
-
-
-def targets(kind, floor: Mapping[str, float] | None) -> list:
-    """`kind.TARGETS` judged against `floor` (this split's half-precision metrics; None: absolute gates), plus the
-    kind's catastrophe bounds on metrics the gates do not name."""
-    slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
-    bounds = {t.metric: t for t in getattr(kind, "CATASTROPHE", ())}
-    out = []
-    for t in kind.TARGETS:
-        value = t.value
-        if floor is not None and t.metric in floor and t.metric in slack:
-            relative = floor[t.metric] - slack[t.metric] if t.op == ">=" else floor[t.metric] + slack[t.metric]
-            value = min(value, relative) if t.op == ">=" else max(value, relative)
-        if t.metric in bounds:
-            value = max(value, bounds[t.metric].value) if t.op == ">=" else min(value, bounds[t.metric].value)
-        out.append(dataclasses.replace(t, value=round(value, 6)))
-    return out + [b for m, b in bounds.items() if m not in {t.metric for t in kind.TARGETS}]
-
-
-def loosest(kind) -> list:
-    """The bounds no floor loosens (`targets` under any floor): a gate on a metric without floor slack, the
-    catastrophe bound of one with slack. Metrics that miss one of these miss the gates whatever the floor."""
-    slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
-    return [t for t in targets(kind, None) if t.metric not in slack] + \
-        [b for b in getattr(kind, "CATASTROPHE", ()) if b.metric in slack]
 
 
 class Unavailable(Exception):
@@ -417,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"bf16: {', '.join(envinfo.cpu_flags(wanted=envinfo.BF16_FLAGS)) or 'none'}\n")
     if args.compare_emulated:
         return compare_emulated(names, args.activations)
+    from tritonkit.int8 import gates
+
     print("| model | form | floor | split | metric: absolute gate / floor / gate judged against it |")
     print("|---|---|---|---|---|")
     for name in names:
@@ -426,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             half = measure(kind, fp32, precision)
             for split in ("validation", "test"):
                 got = split_floor(half, split)
-                bounds = {t.metric: t.value for t in targets(kind, got)}
+                bounds = {t.metric: t.value for t in gates.targets(kind, got)}
                 cells = "; ".join(f"{t.metric} {t.value} / {got[t.metric]:.4f} / {bounds[t.metric]:.4f}" if got
                                   else f"{t.metric} {t.value}" for t in kind.TARGETS)
                 label = half.get("unavailable") or precision + (" emulated" if precision == "bf16" else "")

@@ -5,20 +5,20 @@ the half-precision floor (tritonkit.int8.floor) and, per split, the accuracy tar
 served form's speed gate. The search, the replay's judgement, the packed proof and the runtime choice all read the
 same record: a build measures the floor and sets the bounds once per form and hands them on.
 
-A floor only loosens the kind's absolute bounds (floor.targets) and never below its catastrophe bounds, so a build
+A floor only loosens the kind's absolute bounds (`targets`) and never below its catastrophe bounds, so a build
 measures it only when a judgement needs it (`Gates.holds`): metrics that hold the absolute bounds pass under any
-floor, and metrics that miss a bound no floor loosens (`floor.loosest`) fail under any. A 6-layer MiniLM's build
+floor, and metrics that miss a bound no floor loosens (`loosest`) fail under any. A 6-layer MiniLM's build
 never needs its two floors (~144 s of half-precision passes on 2 cores). Until then the search ranks candidates by
 the absolute bounds (tritonkit.int8.search), and a record that never needed its floor says so (`NOT_NEEDED`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tritonkit.int8.scoring import passes, summary
 from tritonkit.kinds.gates import Target, missed
 
 SPLITS = ("validation", "test")
@@ -29,6 +29,64 @@ MIN_TENSORRT_INT8_SHARE = 2 / 3
 NOT_NEEDED = "not_needed"
 
 
+# -- the gate rule: a kind's bounds judged against a floor, and how far metrics are from them ---------------------
+
+def targets(kind, floor: Mapping[str, float] | None) -> list[Target]:
+    """`kind.TARGETS` judged against `floor` (this split's half-precision metrics; None: absolute gates), plus the
+    kind's catastrophe bounds on metrics the gates do not name."""
+    slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
+    bounds = {t.metric: t for t in getattr(kind, "CATASTROPHE", ())}
+    out = []
+    for t in kind.TARGETS:
+        value = t.value
+        if floor is not None and t.metric in floor and t.metric in slack:
+            relative = floor[t.metric] - slack[t.metric] if t.op == ">=" else floor[t.metric] + slack[t.metric]
+            value = min(value, relative) if t.op == ">=" else max(value, relative)
+        if t.metric in bounds:
+            value = max(value, bounds[t.metric].value) if t.op == ">=" else min(value, bounds[t.metric].value)
+        out.append(dataclasses.replace(t, value=round(value, 6)))
+    return out + [b for m, b in bounds.items() if m not in {t.metric for t in kind.TARGETS}]
+
+
+def loosest(kind) -> list[Target]:
+    """The bounds no floor loosens (`targets` under any floor): a gate on a metric without floor slack, the
+    catastrophe bound of one with slack. Metrics that miss one of these miss the gates whatever the floor."""
+    slack: Mapping[str, float] = getattr(kind, "FLOOR_SLACK", {})
+    return [t for t in targets(kind, None) if t.metric not in slack] + \
+        [b for b in getattr(kind, "CATASTROPHE", ()) if b.metric in slack]
+
+
+def slack(target: Target, metrics: dict[str, float]) -> float:
+    """Distance to a gate in units of its scale: >= 0 passes."""
+    got = metrics.get(target.metric, float("-inf") if target.op == ">=" else float("inf"))
+    gap = got - target.value if target.op == ">=" else target.value - got
+    return gap / target_scale(target)
+
+
+def target_scale(target: Target) -> float:
+    """How much of a metric is 'one gate': the distance from the gate to perfect (1.0) for >= gates near 1."""
+    if target.scale:
+        return target.scale
+    if target.op == ">=" and 0 < target.value < 1:
+        return 1.0 - target.value
+    return abs(target.value) or 1.0
+
+
+def distortion(targets: Sequence[Target], metrics: dict[str, float]) -> float:
+    """Continuous badness used to rank candidates and units: summed gate-normalised shortfall (not clipped, so it
+    keeps ranking once every gate passes)."""
+    return float(sum(-slack(t, metrics) for t in targets))
+
+
+def passes(targets: Sequence[Target], metrics: dict[str, float], margin: float = 0.0) -> bool:
+    # A gate at perfection (e.g. 100 % agreement) has no room for a margin.
+    return all(slack(t, metrics) >= (margin if t.value < 1 else 0.0) for t in targets)
+
+
+def summary(targets: Sequence[Target], metrics: dict[str, float]) -> str:
+    return " ".join(f"{t.metric}={metrics.get(t.metric, float('nan')):.4f}" for t in targets)
+
+
 @dataclass
 class Gates:
     form: str
@@ -36,7 +94,7 @@ class Gates:
     # {"precision", NOT_NEEDED: why} while it is deferred (and after, where no judgement needed it)
     targets: dict[str, list[Target]] = field(default_factory=dict)  # per split, the floor-judged bounds
     speed: Target | None = None  # INT8 against FP32 at the served batch sizes (served form only)
-    # The bounds no floor loosens (floor.loosest); a deferred floor's measurement, (floor, targets), until it runs.
+    # The bounds no floor loosens (`loosest`); a deferred floor's measurement, (floor, targets), until it runs.
     loosest: list[Target] = field(default_factory=list, repr=False)
     pending: Callable[[], tuple[dict, dict]] | None = field(default=None, repr=False, compare=False)
 
@@ -61,7 +119,7 @@ class Gates:
             self.floor, self.pending = {"precision": self.floor["precision"], "unavailable": why}, None
 
     def decided(self, split: str, metrics: Mapping[str, float], margin: float = 0.0) -> bool | None:
-        """Whether `metrics` hold `split`'s gates (with `margin`, scoring.passes) as far as the bounds known now
+        """Whether `metrics` hold `split`'s gates (with `margin`, `passes`) as far as the bounds known now
         tell: None where only the deferred floor can say."""
         if passes(self.targets[split], metrics, margin):
             return True
@@ -117,14 +175,13 @@ class Gates:
 def _targets(kind, floor: dict) -> dict[str, list[Target]]:
     from tritonkit.int8 import floor as floors
 
-    return {split: floors.targets(kind, floors.split_floor(floor, split)) for split in SPLITS}
+    return {split: targets(kind, floors.split_floor(floor, split)) for split in SPLITS}
 
 
 def _make(kind, form: str, floor: dict, pending: Callable[[], tuple[dict, dict]] | None = None) -> Gates:
-    from tritonkit.int8 import floor as floors
 
     return Gates(form, floor, _targets(kind, floor), kind.SPEED_TARGET if form == "served" else None,
-                 floors.loosest(kind), pending)
+                 loosest(kind), pending)
 
 
 def absolute(kind, form: str, why: str = "not measured") -> Gates:

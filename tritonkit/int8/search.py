@@ -33,10 +33,10 @@ from collections.abc import Mapping, Sequence
 
 from tritonkit.int8 import fallback, steps, timing
 from tritonkit.int8.context import MARGIN, SearchContext, Track, key, priors_knobs
+from tritonkit.int8.gates import distortion
+from tritonkit.int8.gates import summary as _summary
 from tritonkit.int8.judge import digest_of
 from tritonkit.int8.records import Recipe, SearchResult
-from tritonkit.int8.scoring import distortion
-from tritonkit.int8.scoring import summary as _summary
 from tritonkit.int8.speed import describe as _speed
 from tritonkit.int8.units import quantizable_nodes
 from tritonkit.kinds.gates import Target

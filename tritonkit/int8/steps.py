@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from tritonkit.int8 import fallback, timing
 from tritonkit.int8.context import KNOBS, SearchContext, Track, key, passed, prior_misses, priors_knobs
+from tritonkit.int8.gates import distortion
 from tritonkit.int8.records import Recipe
-from tritonkit.int8.scoring import distortion
 from tritonkit.int8.speed import describe as _speed
 from tritonkit.int8.units import quantizable_nodes
 

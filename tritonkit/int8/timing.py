@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 
 from tritonkit.int8.context import SearchContext, key, prior_misses
+from tritonkit.int8.gates import summary as _summary
 from tritonkit.int8.records import ProbeTimings, Recipe
-from tritonkit.int8.scoring import summary as _summary
 from tritonkit.int8.speed import describe as _speed
 from tritonkit.int8.speed import race, speedup
 from tritonkit.serving.runtimes import DEFAULT

@@ -16,7 +16,7 @@ class Kind:
     # Gates bounded from above (a divergence such as kl_mean): a spec tightens them by lowering them.
     UPPER_GATES: ClassVar[frozenset[str]] = frozenset()
     # Per gate metric, how far under the FP32 graph's half-precision floor INT8 may fall; and the bounds no floor
-    # loosens (tritonkit.int8.floor.targets).
+    # loosens (tritonkit.int8.gates.targets).
     FLOOR_SLACK: ClassVar[dict[str, float]] = {}
     CATASTROPHE: ClassVar[tuple[Target, ...]] = ()
     SPEED_BATCHES: tuple[int, ...] = (1, 8, 32)

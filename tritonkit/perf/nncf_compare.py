@@ -10,7 +10,7 @@ Candidates for each built model's served (CPU) form, each timed from the FP32 fi
 - nncf-openvino, nncf-openvino-ac: the same two on the OpenVINO model read from our .onnx (OpenVINO only).
 Calibration is the spec's calibration split for all; transformer specs use NNCF's transformer model type.
 Each candidate's gate metrics are measured on validation and test against the FP32 graph under onnxruntime (an
-OpenVINO-only model on OpenVINO f32), judged as the build judges (tritonkit.int8.floor.targets); its items/s at the
+OpenVINO-only model on OpenVINO f32), judged as the build judges (tritonkit.int8.gates.targets); its items/s at the
 served batch sizes on every runtime that can run it, interleaved with the FP32 file
 (tritonkit.repository.runtime_choice.time_variants, geometric mean over batch sizes). Prints a markdown table
 (docs/int8-search.md, "NNCF head to head").
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
-from tritonkit.int8 import floor
+from tritonkit.int8 import floor, gates
 from tritonkit.int8.evaluate import run_batches, session
 from tritonkit.kinds.gates import missed
 
@@ -97,7 +97,7 @@ def candidates(kind, fp32: Path, budget_s: float, log=print, only: Sequence[str]
     ref = {_key(b): run_batches(session(fp32), [b]) for b in val}
     val_set = nncf.Dataset(val)
     half = floor.split_floor(floor.measure(kind, fp32, floor.PRECISION["served"]), "validation")
-    bound = next(t.value for t in floor.targets(kind, half) if t.metric == _first(kind))
+    bound = next(t.value for t in gates.targets(kind, half) if t.metric == _first(kind))
     common = {"subset_size": size * 1000}  # every calibration batch (subset_size counts samples, not batches)
     if hasattr(kind, "DIM"):
         common["model_type"] = nncf.ModelType.TRANSFORMER
@@ -185,7 +185,7 @@ def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = 
     refs = {split: (b, run_batches(session(fp32), b)) for split in ("validation", "test")
             for b in [kind.eval_batches(split)]}
     half = floor.measure(kind, fp32, floor.PRECISION["served"])
-    judged = {split: floor.targets(kind, floor.split_floor(half, split)) for split in ("validation", "test")}
+    judged = {split: gates.targets(kind, floor.split_floor(half, split)) for split in ("validation", "test")}
     for row in rows.values():
         if "path" in row and row is not rows["fp32"]:
             row["metrics"] = evaluate(kind, refs, Path(row["path"]))
