@@ -40,8 +40,13 @@ def _floats(text: str, what: str) -> list[float]:
 
 
 def _source_table(source: str) -> dict:
-    """A directory inside an installed package is recorded as package + subdir (no absolute path in the spec)."""
+    """A directory inside an installed package is recorded as package + subdir, one a source maker wrote as its
+    maker and arguments (tritonkit.kinds.spec.make_source): no absolute path in the spec."""
     path = Path(source).expanduser().resolve()
+    made = path / specs.MADE_RECORD
+    if made.is_file():
+        record = json.loads(made.read_text())
+        return {"make": record["make"], "args": record["args"]}
     for site in map(Path, sys.path):
         if site.name in ("site-packages", "dist-packages") and site in path.parents:
             rel = path.relative_to(site)

@@ -21,6 +21,9 @@ STATED = {
     "text-embedding": {"cosine_min": 0.99, "cosine_mean": 0.996, "top10_overlap": 0.93, "int8_speedup": 1.0},
     "image-classification": {"top1_agreement": 0.98, "top1_agreement_margin0.05": 1.0, "top5_agreement": 0.95,
                              "int8_speedup": 1.0},
+    "text-rerank": {"kendall_tau_mean": 0.95, "kendall_tau_worst10": 0.8, "top1_agreement": 0.95, "int8_speedup": 1.0},
+    "text-classification": {"top1_agreement": 0.98, "top1_agreement_margin0.05": 1.0, "kl_mean": 0.01,
+                            "int8_speedup": 1.0},
 }
 SPECS = kinds.names()
 # How far under the FP32 graph's own bf16 result INT8 may fall, and the bounds no floor loosens (docs/int8-search.md).
@@ -59,7 +62,8 @@ TEXT, IMAGE = _specs("text-embedding"), _specs("image-classification")
 def test_spec_gates_are_at_least_the_stated_ones(name):
     kind = kinds.get(name)
     for metric, value in STATED[kind.spec.kind].items():
-        assert kind.gate(metric) >= value, metric
+        # An upper gate (a divergence) is tightened by lowering it.
+        assert (kind.gate(metric) <= value) if metric in kind.UPPER_GATES else (kind.gate(metric) >= value), metric
 
 
 def _fallback(kind, built) -> bool:

@@ -186,3 +186,26 @@ def test_every_declared_family_exports_what_sentence_transformers_computes(tmp_p
     path = export_onnx(spec, tmp_path / f"{architecture}.onnx")
     result = validate_onnx(spec, path, progress=False)
     assert result.failures == 0 and result.samples == 6 and result.summary["min"] >= spec.tolerance
+
+
+def test_a_made_source_is_made_once_and_recorded_by_add_as_its_maker(tmp_path, monkeypatch):
+    """A spec whose weights a committed function derives (`[source] make`, as the MiniLM cross-encoders' are) holds
+    no path: the directory is made under .build/sources/ on first use, reused after, and `add` on that directory
+    records the maker and its arguments again."""
+    from argparse import Namespace
+
+    from tests.support import tiny_kinds
+    from tritonkit import paths
+
+    monkeypatch.setattr(paths, "BUILD_DIR", tmp_path / ".build")
+    source = {"make": "tests.support.tiny_kinds:made_classifier", "args": {"num_labels": 3}}
+    table = {"name": "made", "kind": "text-classification", "source": source}
+    calls = len(tiny_kinds.MADE_CALLS)
+    made = specs.make_source(source["make"], source["args"])
+    assert made.parent == tmp_path / ".build" / "sources" and (made / "config.json").exists()
+    assert specs.make_source(source["make"], source["args"]) == made and len(tiny_kinds.MADE_CALLS) == calls + 1
+    args = Namespace(name="made", source=str(made), max_batch_size=8, max_length=None)
+    spec = add.kind_spec("text-classification", args)
+    assert spec["source"] == source and spec["model"]["num_labels"] == 3
+    kind = kinds.from_spec(specs.parse({**table, "model": spec["model"]}, "made.toml"))
+    assert kind.model_dir() == made and kind.spec.source.describe().endswith("(num_labels=3)")

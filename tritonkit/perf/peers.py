@@ -389,13 +389,17 @@ def _st_run(args: argparse.Namespace) -> int:
         embeddings = model.encode(texts, batch_size=32, normalize_embeddings=True)
         Path(args.embed).write_text(json.dumps({"label": label, "embeddings": embeddings.tolist()}))
         return 0
-    for batch in args.batches:
-        groups = [texts[i : i + batch] for i in range(0, len(texts) - batch + 1, batch)]
-        point = time_in_process(lambda g, b=batch: model.encode(g, batch_size=b), groups, 1,
-                                duration_s=args.seconds, warmup=1, items_per_call=batch,
-                                label=f"{label}, batch {batch}")
-        print(json.dumps(point.to_json()), flush=True)
+    _print_points(model.encode, texts, args.batches, args.seconds, label)
     return 0
+
+
+def _print_points(run: Callable, items: Sequence, batches: Sequence[int], seconds: float, label: str) -> None:
+    """One PerfPoint a batch size as a JSON line: run(batch of items, batch_size=b) back to back, items/s."""
+    for batch in batches:
+        groups = [items[i : i + batch] for i in range(0, len(items) - batch + 1, batch)]
+        point = time_in_process(lambda g, b=batch: run(g, batch_size=b), groups, 1, duration_s=seconds, warmup=1,
+                                items_per_call=batch, label=f"{label}, batch {batch}")
+        print(json.dumps(point.to_json()), flush=True)
 
 
 ST_VARIANTS = {  # st-run --variant -> the peer venv it runs in
@@ -592,22 +596,31 @@ def infinity(model_dir: Path, name: str, pooling: str = "mean", batch_size: int 
         raise PeerUnavailable(f"the sentence-transformers qint8 export {config} is missing "
                               "(st_points(..., 'qint8') makes it)")
     served = infinity_model_dir(model_dir, config)
+    with _infinity_process(python, served, name, form, ["--pooling-method", pooling], batch_size,
+                           (log_dir or PEERS_DIR) / f"infinity-{form}.log") as port:
+        provider = "OpenVINO EP" if form == "openvino" else "CPU EP"
+        yield PeerServer(f"Infinity {INFINITY_VERSION} (ONNX Runtime {provider}, qint8 {config} export, "
+                         "HTTP /embeddings)", "127.0.0.1", port,
+                         "/embeddings", lambda t: json.dumps({"model": name, "input": [t]}).encode(),
+                         lambda r: r["data"][0]["embedding"])
+
+
+@contextlib.contextmanager
+def _infinity_process(python: Path, served: Path, name: str, form: str, extra: Sequence[str], batch_size: int,
+                      log: Path) -> Iterator[int]:
+    """Infinity's server (optimum engine, CPU) on the directory `served`, on a free loopback port (yielded) until
+    it answers /health; stopped on exit."""
     port = _free_port()
-    log = (log_dir or PEERS_DIR) / f"infinity-{form}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(python.parent / "infinity_emb"), "v2", "--model-id", str(served), "--served-model-name", name,
-           "--engine", "optimum", "--device", "cpu", "--pooling-method", pooling, "--batch-size", str(batch_size),
+           "--engine", "optimum", "--device", "cpu", *extra, "--batch-size", str(batch_size),
            "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=peer_env(), cwd=PEERS_DIR,
                                 start_new_session=True)
     try:
         wait_ready(f"http://127.0.0.1:{port}/health", proc, log, STARTUP_S)
-        provider = "OpenVINO EP" if form == "openvino" else "CPU EP"
-        yield PeerServer(f"Infinity {INFINITY_VERSION} (ONNX Runtime {provider}, qint8 {config} export, "
-                         "HTTP /embeddings)", "127.0.0.1", port,
-                         "/embeddings", lambda t: json.dumps({"model": name, "input": [t]}).encode(),
-                         lambda r: r["data"][0]["embedding"])
+        yield port
     finally:
         proc.terminate()
         try:
@@ -615,6 +628,136 @@ def infinity(model_dir: Path, name: str, pooling: str = "mean", batch_size: int 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# -- sequence classifiers: rerankers and text classifiers (perf/bench_cross_encoders.py) ---------------------
+
+CE_FP32 = "fp32"  # a CrossEncoder form: torch FP32, "onnx" its ONNX export, or a QINT8_CONFIGS name (qint8 export)
+
+
+def ce_export_dir(model_dir: Path) -> Path:
+    return PEERS_DIR / "ce-onnx" / Path(model_dir).name
+
+
+def ce_onnx_file(form: str) -> str:
+    """The file of CrossEncoder `form` ("onnx" or a QINT8_CONFIGS name) inside its export directory."""
+    return "onnx/model.onnx" if form == "onnx" else qint8_file(form)
+
+
+def ce_export(model_dir: Path, out: Path, form: str) -> Path:
+    """sentence-transformers' CrossEncoder ONNX export of `model_dir` (optimum) and, for a QINT8_CONFIGS `form`,
+    its dynamic qint8 quantization, cached in `out` (the model's files + the file ce_onnx_file names)."""
+    from sentence_transformers import CrossEncoder
+    from sentence_transformers.backend import export_dynamic_quantized_onnx_model
+
+    if not (out / ce_onnx_file(form)).exists():
+        model = CrossEncoder(str(model_dir), backend="onnx", device="cpu")
+        if not (out / "onnx" / "model.onnx").exists():
+            model.save(str(out))
+        if form != "onnx":
+            export_dynamic_quantized_onnx_model(model, form, str(out))
+    return out / ce_onnx_file(form)
+
+
+def _ce_run(args: argparse.Namespace) -> int:
+    """Times sentence-transformers' CrossEncoder.predict on the given (query, document) pairs at each batch size
+    (one PerfPoint per batch size, pairs/s, as JSON lines); with --export only makes the ONNX export of --form."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from tritonkit.serving.backend_utils import usable_cpus
+
+    torch.set_num_threads(usable_cpus())
+    model_dir, cache = Path(args.model_dir), Path(args.cache)
+    if args.form == CE_FP32:
+        model = CrossEncoder(str(model_dir), device="cpu")
+        label = f"torch {torch.__version__.split('+')[0]} FP32"
+    else:
+        ce_export(model_dir, cache, args.form)
+        if args.export:
+            return 0
+        model = CrossEncoder(str(cache), backend="onnx", device="cpu",
+                             model_kwargs={"file_name": ce_onnx_file(args.form)})
+        label = f"ONNX Runtime {'FP32' if args.form == 'onnx' else f'qint8 ({args.form} export)'}"
+    from importlib.metadata import version
+
+    label = f"sentence-transformers {version('sentence-transformers')} CrossEncoder, {label}"
+    pairs = [tuple(p) for p in json.loads(Path(args.pairs).read_text())]
+    _print_points(model.predict, pairs, args.batches, args.seconds, label)
+    return 0
+
+
+def _ce_subprocess(pairs: Sequence[tuple[str, str]], model_dir: Path, form: str, extra: Sequence[str],
+                   install: bool) -> str:
+    """Runs `ce-run` for `form` in the sentence-transformers venv, the pairs passed through a file; its stdout."""
+    python = ensure("sentence-transformers", install)
+    with tempfile.TemporaryDirectory(prefix="tritonkit-peers-") as tmp:
+        pairs_file = Path(tmp) / "pairs.json"
+        pairs_file.write_text(json.dumps([list(p) for p in pairs]))
+        cmd = [str(python), "-m", "tritonkit.perf.peers", "ce-run", "--form", form, "--model-dir", str(model_dir),
+               "--cache", str(ce_export_dir(model_dir)), "--pairs", str(pairs_file), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=peer_env(), cwd=paths.ROOT)
+    if proc.returncode != 0:
+        raise PeerUnavailable(f"CrossEncoder {form} failed:\n" + "\n".join(proc.stderr.strip().splitlines()[-8:]))
+    return proc.stdout
+
+
+def ce_points(pairs: Sequence[tuple[str, str]], model_dir: Path, form: str, batches: Sequence[int] = (32,),
+              seconds: float = 8.0, install: bool = True) -> list[PerfPoint]:
+    """CrossEncoder.predict on `pairs` in `form` (CE_FP32, "onnx" or a QINT8_CONFIGS name) in the
+    sentence-transformers venv: one PerfPoint (pairs/s) per batch size."""
+    out = _ce_subprocess(pairs, model_dir, form, ["--seconds", str(seconds), "--batches", *map(str, batches)],
+                         install)
+    return [PerfPoint(**json.loads(line)) for line in out.splitlines() if line.startswith("{")]
+
+
+def ce_prepare(model_dir: Path, form: str, install: bool = True) -> Path:
+    """CrossEncoder's ONNX export `form` ("onnx" or a QINT8_CONFIGS name) of `model_dir`, made once (cached)."""
+    if not (ce_export_dir(model_dir) / ce_onnx_file(form)).exists():
+        _ce_subprocess([], model_dir, form, ["--export"], install)
+    return ce_export_dir(model_dir) / ce_onnx_file(form)
+
+
+def ce_infinity_dir(model_dir: Path, form: str) -> Path:
+    """The directory Infinity serves for CrossEncoder export `form`: the model's files and that one ONNX file
+    (its optimum engine takes the single .onnx it finds)."""
+    src = ce_export_dir(model_dir)
+    if not (src / ce_onnx_file(form)).exists():
+        raise PeerUnavailable(f"the CrossEncoder ONNX export {form} is missing (ce_prepare makes it)")
+    out = PEERS_DIR / "infinity-model" / f"{src.name}-{form}"
+    if (out / ce_onnx_file(form)).exists():
+        return out
+    keep = Path(ce_onnx_file(form)).name
+    for f in src.rglob("*"):
+        if f.is_file() and not (f.suffix == ".onnx" and f.name != keep):
+            dst = out / f.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst)
+    return out
+
+
+@contextlib.contextmanager
+def infinity_task(model_dir: Path, name: str, task: str, form: str, provider: str = "onnxruntime",
+                  batch_size: int = 32, install: bool = True, log_dir: Path | None = None) -> Iterator[PeerServer]:
+    """Infinity serving the CrossEncoder ONNX export `form` of `model_dir` for `task`: "rerank" (one request = a
+    query and its documents, POST /rerank) or "classify" (one request = texts, POST /classify), on ONNX Runtime's
+    CPU provider or (provider "openvino") its OpenVINO provider."""
+    python = ensure(INFINITY_FORMS[provider], install)
+    served = ce_infinity_dir(model_dir, form)
+    ep = "OpenVINO EP" if provider == "openvino" else "CPU EP"
+    what = "FP32 ONNX export" if form == "onnx" else f"qint8 {form} export"
+    log = (log_dir or PEERS_DIR) / f"infinity-{task}-{provider}-{form}.log"
+    with _infinity_process(python, served, name, provider, [], batch_size, log) as port:
+        label = f"Infinity {INFINITY_VERSION} (ONNX Runtime {ep}, CrossEncoder {what}, HTTP /{task})"
+        if task == "rerank":
+            yield PeerServer(label, "127.0.0.1", port, "/rerank",
+                             lambda item: json.dumps({"model": name, "query": item[0], "documents": list(item[1]),
+                                                      "return_documents": False}).encode(),
+                             lambda r: [x["relevance_score"] for x in sorted(r["results"], key=lambda x: x["index"])])
+        else:
+            yield PeerServer(label, "127.0.0.1", port, "/classify",
+                             lambda texts: json.dumps({"model": name, "input": list(texts)}).encode(),
+                             lambda r: r["data"])
 
 
 def triton_http(http_url: str, model: str, label: str | None = None) -> PeerServer:
@@ -725,9 +868,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--calibration", help="JSON list of calibration texts (openvino-int8)")
     run.add_argument("--quant-config", choices=list(QINT8_CONFIGS), default="avx2", help="qint8: which export")
     run.add_argument("--embed", help="write the texts' normalised embeddings as JSON here instead of timing")
+    ce = sub.add_parser("ce-run", help="(inside the sentence-transformers peer venv) time CrossEncoder.predict")
+    ce.add_argument("--form", choices=[CE_FP32, "onnx", *QINT8_CONFIGS], required=True)
+    ce.add_argument("--model-dir", required=True)
+    ce.add_argument("--cache", required=True)
+    ce.add_argument("--pairs", required=True, help="JSON list of [query, document]")
+    ce.add_argument("--seconds", type=float, default=8.0)
+    ce.add_argument("--batches", type=int, nargs="+", default=[32])
+    ce.add_argument("--export", action="store_true", help="only make the ONNX export of --form")
     args = parser.parse_args(argv)
     if args.cmd == "st-run":
         return _st_run(args)
+    if args.cmd == "ce-run":
+        return _ce_run(args)
     if args.cmd == "status":
         for env in ENVS.values():
             print(f"{env.name}: {'installed' if installed(env) else 'missing'} ({paths.rel(env.dir)})")
