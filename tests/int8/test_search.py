@@ -1394,7 +1394,7 @@ def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_vari
     not (a float layer in bf16 loses the difference of two channels near 1000); there it is timed under ONNX
     Runtime, where the search judged it, and a replay races it there too."""
     from tests.support.tiny_search import export_cancelling
-    from tritonkit.int8.pipeline import replay_variants
+    from tritonkit.int8.decide import replay_variants
     from tritonkit.serving.runtimes import DEFAULT
 
     path = tmp_path / "cancelling.onnx"

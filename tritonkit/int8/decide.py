@@ -35,7 +35,7 @@ from tritonkit.int8.recipe import (
 )
 from tritonkit.int8.records import Recipe
 from tritonkit.int8.speed import BF16_COMPETITOR
-from tritonkit.serving.runtimes import DEFAULT
+from tritonkit.serving.runtimes import DEFAULT, usable_here
 
 
 @dataclass
@@ -108,12 +108,22 @@ def build(kind, fp32: Path, form: str, entry: dict, out: Path, progress: bool = 
                  time.perf_counter() - t0)
 
 
+def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
+    """`variants` (FP32's and INT8's here) with INT8's the one its search timed it on (timing.int8_variant, where its
+    gates held; bf16-free here where this CPU has none), so a replay's speed gate races what the search's did."""
+    searched = entry.get("int8_variant")
+    if entry.get("borrowed_from") or not searched:  # a donor's variant was timed on the donor's CPU, not here
+        return variants
+    return variants[0], usable_here(searched)
+
+
 def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | None = None, progress: bool = True,
            speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), known: Judgement | None = None) -> Outcome:
     """Build `out` from the resolved recipe of `form` in `data` (`build`), judge it (tritonkit.int8.judge) and
     decide against `gates` (default: the entry's, tritonkit.int8.gates.for_entry; `decide`); FP32 goes there when the
-    search found nothing. `known`: this build's search's judgement of the graph it found, handed on in memory (used
-    where the rebuilt bytes are the same)."""
+    search found nothing. `speed_variants`: the runtime variants that serve FP32 and INT8 here (replay_variants and
+    `competitor` pick what its speed gate races). `known`: this build's search's judgement of the graph it found,
+    handed on in memory (used where the rebuilt bytes are the same)."""
     entry = data[form]
     gates = gates or for_entry(kind, fp32, form, entry, log=_log)
     rep: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -122,7 +132,8 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
     if entry["recipe"] is None:
         return decide(kind, fp32, form, entry, out, gates, rep)
     built = build(kind, fp32, form, entry, out, progress)
-    variants = (competitor(kind, entry, speed_variants[0]), speed_variants[1]) if form == "served" else None
+    int8_variant = replay_variants(speed_variants, entry)[1]
+    variants = (competitor(kind, entry, speed_variants[0]), int8_variant) if form == "served" else None
     # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
     # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
     judged = judge.judge(kind, fp32, form, built.tmp, judge.exact_judgement(), variants, built.digest, log=_log,

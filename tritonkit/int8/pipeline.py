@@ -44,7 +44,7 @@ from tritonkit.int8.recipe import (
 )
 from tritonkit.int8.recipe import write as write_recipes
 from tritonkit.int8.records import ProbeTimings, Recipe, SearchResult
-from tritonkit.serving.runtimes import MIN_GAIN, usable_here
+from tritonkit.serving.runtimes import MIN_GAIN
 
 
 @dataclass
@@ -114,11 +114,11 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
         entry = data[form]
         done = searched_forms.get(form)  # judged by its search in this build: its gates and judgement, in memory
         form_gates = done.gates if done else gates.for_entry(kind, fp32, form, entry, log=_log)
-        outcome = decide.replay(kind, fp32, form, data, out, form_gates, progress, replay_variants(variants, entry),
+        outcome = decide.replay(kind, fp32, form, data, out, form_gates, progress, variants,
                                 done.judgement if done else None)
         outcomes.append(outcome)
         if form == "served":
-            _prove_here(kind, entry, outcome, replay_variants(variants, entry))
+            _prove_here(kind, entry, outcome, decide.replay_variants(variants, entry)[1])
         if outcome.status != "failed":
             fingerprint.stamp(kind.NAME, stage, stamp)
         else:
@@ -126,23 +126,14 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
     return outcomes, searched
 
 
-def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
-    """`variants` with INT8's the one its search timed it on (timing.int8_variant, where its gates held; bf16-free
-    here where this CPU has none), so a replay's speed gate races what the search's did."""
-    searched = entry.get("int8_variant")
-    if entry.get("borrowed_from") or not searched:  # a donor's variant was timed on the donor's CPU, not here
-        return variants
-    return variants[0], usable_here(searched)
-
-
-def _prove_here(kind, entry: dict, outcome: Outcome, variants: tuple[str, str]) -> None:
+def _prove_here(kind, entry: dict, outcome: Outcome, int8_variant: str) -> None:
     """Keep this machine's proof of a donor class's recipe (tritonkit.int8.proof); none where the class has its own
     entry, or where the replay failed."""
     donor = entry.get("borrowed_from")
     if not donor or outcome.status == "failed":
         proof.forget(kind)
         return
-    made = proof.write(kind, donor, outcome.status, outcome.reason, entry.get("recipe"), variants[1], outcome.path)
+    made = proof.write(kind, donor, outcome.status, outcome.reason, entry.get("recipe"), int8_variant, outcome.path)
     what = "INT8" if made.status == "passed" else "FP32"
     _log(f"{kind.NAME}: proof for this {made.cpu_class} CPU -> {paths.rel(proof.path(kind))}: the {donor} recipe, "
          f"judged here, serves {what} on this machine (`make serve`, `make demo`); committed views keep FP32")

@@ -51,6 +51,17 @@ class Kind:
         batch size (tritonkit.int8.speed.speedup), at least the gate; a knife-edge median decides nothing."""
         return Target("int8_speedup_lo", ">=", self.gate("int8_speedup"))
 
+    @property
+    def FP32_RUNTIME_CHECK(self) -> Target:
+        """What the FP32 file run on another runtime must keep against ONNX Runtime's outputs to serve there
+        (tritonkit.repository.runtime_choice): its top-1 class, nearly always."""
+        return Target("top1_agreement", ">=", 0.995)
+
+    def timing_feeds(self, batch: int, mixes: int) -> list[dict]:
+        """The feeds a served file is timed on at `batch` rows (tritonkit.repository.runtime_choice): up to `mixes`
+        different batches where the kind's inputs vary in shape; one fixed batch here."""
+        return [self.speed_feeds(batch)]
+
     @staticmethod
     def session(path: Path, threads: int = 0):
         """A CPU session in the arithmetic a served replica of this CPU computes: off VNNI an INT8 file's sums take

@@ -222,6 +222,17 @@ class TextEmbedding(Kind):
             "texts": float(len(cos)),
         }
 
+    @property
+    def FP32_RUNTIME_CHECK(self) -> Target:
+        return Target("cosine_min", ">=", self.EXPORT.tolerance)  # as the export validates the file
+
+    def timing_feeds(self, batch: int, mixes: int) -> list[dict[str, np.ndarray]]:
+        """`mixes` batches of `batch` random benchmark texts (fixed seed): served lengths vary by request."""
+        texts = data.split("benchmark")
+        rng = np.random.default_rng(batch)
+        return [self.encode([texts[int(j)] for j in rng.choice(len(texts), batch, replace=False)])
+                for _ in range(mixes)]
+
     def speed_feeds(self, batch: int) -> dict[str, np.ndarray]:
         """`batch` mixed-length real texts, padded to the longest as served."""
         return self.encode(data.split("benchmark")[:batch])

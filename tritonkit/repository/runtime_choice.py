@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tritonkit import envinfo, paths
+from tritonkit.int8.budget import Budget
 from tritonkit.int8.evaluate import EXACT_COSINE, cosine_min, reference_ready, row_count
 from tritonkit.int8.params import file_digest
 from tritonkit.serving import runtimes
@@ -165,17 +166,16 @@ def _output(kind) -> str:
 
 
 def served_feeds(kind, path: Path, batch: int, variant: str) -> list[dict[str, np.ndarray]]:
-    """MIXES batches of `batch` random benchmark texts (fixed seed), as the served backend would feed `variant`."""
-    from tritonkit import data
-
-    texts = data.split("benchmark")
-    rng = np.random.default_rng(batch)
-    mixes = [[texts[int(j)] for j in rng.choice(len(texts), batch, replace=False)] for _ in range(MIXES)]
+    """The kind's timing feeds at `batch` (Kind.timing_feeds: MIXES batches where shapes vary), as the served
+    backend would feed `variant`: a packed file takes the same random benchmark texts (fixed seed) packed."""
     if path.name.endswith(".packed.onnx"):
+        from tritonkit import data
+
+        texts = data.split("benchmark")
+        rng = np.random.default_rng(batch)
+        mixes = [[texts[int(j)] for j in rng.choice(len(texts), batch, replace=False)] for _ in range(MIXES)]
         return [kind.packed_feeds(m, width_multiple=_variant_width_multiple(variant)) for m in mixes]
-    if hasattr(kind, "encode"):
-        return [kind.encode(m) for m in mixes]
-    return [kind.speed_feeds(batch)]
+    return kind.timing_feeds(batch, MIXES)
 
 
 class BudgetSpent(Exception):
@@ -371,12 +371,12 @@ def reusable(old: dict | None, digest: str, source: str, served: str, threads: i
 
 
 def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: str,
-                 deadline: float | None = None, timed: dict | None = None, gates=None, least: bool = False,
+                 budget: Budget | None = None, timed: dict | None = None, gates=None, least: bool = False,
                  facts=None) -> dict:
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
-    serves; otherwise ONNX Runtime. `deadline` (time.perf_counter): the timing takes TIMING_SHARE of what is left
-    (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
+    serves; otherwise ONNX Runtime. `budget` (this file's share of a build's): the timing takes TIMING_SHARE of what
+    is left (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
     the record's `budget_cut` says so (a later build measures again, reusable). `timed`: its timings, measured on
     the same graph at the same threads (twin_timings); its accuracy checks are its own. `gates`: the served form's
     (tritonkit.int8.gates), where the build judged the INT8 file by them: not measured again. `least`: the build's
@@ -386,16 +386,16 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     again."""
     from tritonkit.int8 import floor
     from tritonkit.int8 import gates as int8_gates
-    from tritonkit.kinds.gates import Target, missed
+    from tritonkit.kinds.gates import missed
 
     threads = served_threads(kind, model)
     file = served_file(path)
     variants = variants_for(gated)
-    budget = None if deadline is None else max(deadline - time.perf_counter(), 0.0) * TIMING_SHARE
+    timing_s = None if budget is None else budget.share(TIMING_SHARE).seconds
     rounds: dict[str, int] = {}
     try:
         speed = timed or time_variants(kind, file, variants, kind.SPEED_BATCHES, threads,
-                                       MIN_ROUNDS if least else ROUNDS, budget_s=budget, rounds_used=rounds)
+                                       MIN_ROUNDS if least else ROUNDS, budget_s=timing_s, rounds_used=rounds)
     except BudgetSpent as spent:
         cut = f"timing cut by the build's budget ({spent}; batch sizes timed: {', '.join(rounds) or 'none'})"
         return {"file": paths.rel(file), "sha256": digest, "threads": threads, "runtime": DEFAULT, "reason": cut,
@@ -418,8 +418,7 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     if gated:
         gates = gates or int8_gates.for_form(kind, fp32, "served", defer=True)
     else:
-        text = hasattr(kind, "DIM")
-        targets = [Target("cosine_min" if text else "top1_agreement", ">=", kind.EXPORT.tolerance if text else 0.995)]
+        targets = [kind.FP32_RUNTIME_CHECK]
     from tritonkit.int8.facts import FP32Facts
 
     runtime, reasons, batches = DEFAULT, [], kind.eval_batches("test")
@@ -428,10 +427,10 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
         if gains[variant] < MIN_GAIN:
             reasons.append(f"{variant} {gains[variant]:.2f}x, under the {MIN_GAIN}x needed to switch")
             break
-        if deadline is not None:
+        if budget is not None:
             need = check_seconds(row_count(batches), facts.row_s(), _rate(speed[variant]) / _rate(speed[DEFAULT]),
                                  threads, not reference_ready(kind, fp32, "test", batches))
-            left = deadline - time.perf_counter()
+            left = budget.left()
             if need > left:
                 record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x, its accuracy check (about {need:.0f} s) "
                                         f"not started: {max(left, 0.0):.0f} s of the build's budget left")
@@ -439,9 +438,9 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
                 break
         metrics = accuracy(kind, file, fp32, variant, threads, batches)
         record["accuracy"][variant] = {k: round(v, 6) for k, v in metrics.items()}
-        if gated and deadline is not None and gates.decided("test", metrics) is None:  # only the floor can tell
+        if gated and budget is not None and gates.decided("test", metrics) is None:  # only the floor can tell
             need = floor.estimate_s(kind, fp32, floor.PRECISION["served"], facts.row_s())
-            left = deadline - time.perf_counter()
+            left = budget.left()
             if need > left:
                 record["budget_cut"] = (f"{variant} {gains[variant]:.2f}x misses the absolute gates; its bf16 "
                                         f"floor (about {need:.0f} s) not measured: {max(left, 0.0):.0f} s of "
@@ -475,7 +474,6 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
     the INT8 name (what a client calls by default) first; a file whose share is spent is still timed, in the fewest
     rounds (choose_model's `least`), so no name serves a runtime the build did not measure. `gates`: the served
     form's, as the build judged the INT8 file; `facts`: the build's measured facts of the FP32 file."""
-    deadline = budget.deadline if budget is not None else None
     if kind.spec.file is None:
         return {}
     data = load(kind)
@@ -510,22 +508,20 @@ def choose(kind, fp32: Path, int8: Path | None, force: bool = False, log=print, 
     borrowed = frozenset({kind.FP32_MODEL} if twin else ())
     fractions = shares(kind, [(model, gated) for model, (_, gated, *_) in measured.items()], borrowed)
     for (model, (path, gated, digest, source)), fraction in zip(measured.items(), fractions, strict=True):
-        served, end = paths.rel(served_file(path)), None
+        served = paths.rel(served_file(path))
         timed = twin_timings(records.get(kind.INT8_MODEL)) if model in borrowed else None
-        if deadline is not None:
-            now = time.perf_counter()
-            end = now + (deadline - now) * fraction
-        least = end is not None and end <= time.perf_counter() and timed is None
+        mine = budget.share(fraction) if budget is not None and budget.bounded else None
+        least = mine is not None and mine.spent() and timed is None
         if least:  # never starved: a file the build's budget left no time for is still timed, at the least
-            end = None
+            mine = None
             log(f"{kind.NAME}: budget: spent before {served}'s turn; timed in {MIN_ROUNDS} rounds, the fewest (measure "
                 f"it whole with `python -m tritonkit.build {kind.NAME} --choose-runtime`)")
         if timed is not None:
             log(f"{kind.NAME}: {served} is {kind.INT8_MODEL}'s graph at its threads: its timings are that file's")
         else:
             log(f"{kind.NAME}: timing {served} on {', '.join(runtimes.RUNTIMES)}"
-                + ("" if end is None else f" (within {end - time.perf_counter():.0f} s of the build's budget)"))
-        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, end, timed,
+                + ("" if mine is None else f" (within {mine.left():.0f} s of the build's budget)"))
+        records[model] = {**choose_model(kind, model, path, fp32, gated, digest, mine, timed,
                                          gates if gated else None, least, facts), "source": source}
         log(f"{kind.NAME}: {model} → {records[model]['runtime']} ({records[model]['reason']})")
     if records != current.get("models"):
