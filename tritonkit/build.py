@@ -98,7 +98,8 @@ def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
     instead), and whether it searched. `search_budget_s`: the whole build's, from `started` (time.perf_counter;
     default now). `fresh`: the search does not judge the committed candidates first. `facts`: the build's measured
     facts of the FP32 file (tritonkit.int8.facts), handed on to the runtime choice."""
-    return pipeline.run(kind, fp32, speed_variants(kind), forms=forms, search=run_search,
+    variants = speed_variants(kind)  # what serves here, read before the INT8 stage runs
+    return pipeline.run(kind, fp32, variants, forms=forms, search=run_search,
                         search_if_missing=search_if_missing, only=search_form, fresh=fresh,
                         budget=Budget.of(search_budget_s, start=started), force=force, progress=progress,
                         facts=facts)

@@ -252,3 +252,47 @@ def packed_proof(kind, fp32: Path, gates: Gates | None = None, log: Callable[[st
 
     gates = gates or for_form(kind, fp32, "served", log=log)
     return (lambda metrics: gates.missed("test", metrics)), evaluate.reference(kind, fp32, "test")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print each built model's floors and the gates they set, per form and split (markdown)."""
+    import argparse
+    import datetime
+
+    from tritonkit import envinfo, kinds, paths
+    from tritonkit.int8 import floor
+
+    parser = argparse.ArgumentParser(prog="python -m tritonkit.int8.gates", description=main.__doc__)
+    parser.add_argument("names", nargs="*", help="model specs (default: every built one)")
+    parser.add_argument("--compare-emulated", action="store_true",
+                        help="on a CPU with native bf16: the emulated bf16 floor beside OpenVINO's native one, per "
+                             "metric, against the kind's floor slack (exit 1 when outside it)")
+    parser.add_argument("--activations", action="store_true",
+                        help="with --compare-emulated: also the emulation rounding every activation between ops")
+    args = parser.parse_args(argv)
+    names = args.names or [n for n in kinds.names() if paths.model_file(kinds.get(n).FP32_MODEL).exists()]
+    flags = " --compare-emulated" * args.compare_emulated + " --activations" * args.activations
+    print(f"`python -m tritonkit.int8.gates{flags} {' '.join(args.names)}`".replace(" `", "`")
+          + f", {datetime.date.today()}, {envinfo.cpu_model()}, CPU INT8 class {envinfo.int8_class()}, "
+          f"bf16: {', '.join(envinfo.cpu_flags(wanted=envinfo.BF16_FLAGS)) or 'none'}\n")
+    if args.compare_emulated:
+        return floor.compare_emulated(names, args.activations)
+    print("| model | form | floor | split | metric: absolute gate / floor / gate judged against it |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        kind = kinds.get(name)
+        fp32 = paths.model_file(kind.FP32_MODEL)
+        for form, precision in floor.PRECISION.items():
+            half = floor.measure(kind, fp32, precision)
+            for split in ("validation", "test"):
+                got = floor.split_floor(half, split)
+                bounds = {t.metric: t.value for t in targets(kind, got)}
+                cells = "; ".join(f"{t.metric} {t.value} / {got[t.metric]:.4f} / {bounds[t.metric]:.4f}" if got
+                                  else f"{t.metric} {t.value}" for t in kind.TARGETS)
+                label = half.get("unavailable") or precision + (" emulated" if precision == "bf16" else "")
+                print(f"| {name} | {form} | {label} | {split} | {cells} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
