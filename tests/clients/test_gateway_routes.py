@@ -1,221 +1,195 @@
-"""The gateway's /v1/rerank and /v1/classify in process, over a stand-in for Triton that computes its answers from the
-request: routing, ranking, top_n / top_k, return_documents, pairs, usage, the API key, and every bad input answered
-400 naming the field and the limit while the gateway keeps serving. The real server is in test_rerank_classify.py."""
+"""The gateway's /v1/rerank and /v1/classify as their users meet them: a real gateway process in front of a real
+tritonserver serving tests.support.tiny_kinds' BERT reranker and classifier (tests/clients/conftest.py), answers
+checked against sentence-transformers' CrossEncoder and transformers on the same weights: ranking, ties, top_n,
+return_documents, raw_scores, pairs, top_k, usage, how a request is split into Triton requests (the server's own
+per-model statistics), the API key, /v1/models, and every bad input answered 400 / 404 naming the field and the
+limit while the gateway keeps serving."""
 
 from __future__ import annotations
 
-import asyncio
-import math
+from collections import Counter
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from tritonkit_client import ClientError, reranking, text_classification
-from tritonkit_client.gateway import MAX_DOCUMENTS, MAX_INPUTS, MAX_TEXT_BYTES, Gateway
+import tritonclient.grpc as grpcclient
+from tritonkit_client import Client, ClientError, reranking, text_classification
+from tritonkit_client.gateway import MAX_DOCUMENTS, MAX_INPUTS, MAX_TEXT_BYTES
 
-RANKER, CLASSIFIER, SINGLE = "ranker", "classifier", "single_classifier"
-LABELS = ["negative", "neutral", "positive"]
-KEY = "tk-routes-5b1d"
+from tests.support.tiny_kinds import (
+    LOGIT_TOL,
+    PRINTED_TOL,
+    TINY,
+    assert_best_first,
+    classify_reference,
+    rerank_reference,
+    served_models,
+)
 
+RERANKER, CLASSIFIER = "tiny_rerank_bert", "tiny_classify_bert"  # tests/clients/conftest.py serves both
+# The FP32 twins: what CrossEncoder / transformers on the same weights predict, within LOGIT_TOL.
+RANKER, CLASSIFY = f"{RERANKER}_fp32", f"{CLASSIFIER}_fp32"
+SINGLE = f"{CLASSIFY}_single"  # conftest's variant of CLASSIFY without the text_pair input
+LABELS = TINY[CLASSIFIER].num_labels
 
-def _config(inputs: dict[str, bool], outputs: dict[str, int], max_batch: int) -> dict:
-    """A config in Triton's JSON form: BYTES inputs (name → optional), FP32 outputs (name → width)."""
-    return {
-        "max_batch_size": max_batch,
-        "input": [{"name": n, "data_type": "TYPE_STRING", "dims": ["1"], **({"optional": True} if o else {})}
-                  for n, o in inputs.items()],
-        "output": [{"name": n, "data_type": "TYPE_FP32", "dims": [str(w)]} for n, w in outputs.items()]
-                  + [{"name": "num_tokens", "data_type": "TYPE_INT32", "dims": ["1"]}],
-    }
-
-
-CONFIGS = {
-    RANKER: _config({"query": False, "document": False}, {"logit": 1, "score": 1}, max_batch=16),
-    CLASSIFIER: _config({"text": False, "text_pair": True}, {"logits": 3, "scores": 3}, max_batch=8),
-    SINGLE: _config({"text": False}, {"logits": 3, "scores": 3}, max_batch=8),
-    "embedder": _config({"text": False}, {"embedding": 4}, max_batch=8),
-    "tokenizer": {"max_batch_size": 8, "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": ["1"]}],
-                  "output": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": ["-1"]}]},
-}
-
-
-def words(text: str) -> set[str]:
-    return set(text.lower().replace(".", "").split())
-
-
-def tokens(*texts: str) -> int:
-    return 2 + sum(len(t.split()) for t in texts)
-
-
-def ref_logit(query: str, document: str) -> float:
-    """The stand-in reranker: shared words, less a little per document word (no two test documents tie)."""
-    return len(words(query) & words(document)) - 0.01 * len(document.split()) - 0.5
-
-
-def ref_logits(text: str, pair: str | None) -> np.ndarray:
-    text = f"{text} {pair or ''}".lower()
-    return np.array([text.count("bad"), 0.5 + text.count("meh"), text.count("good")], np.float64)
-
-
-def softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max())
-    return e / e.sum()
-
-
-class FakeTriton:
-    """What the routes call on tritonkit_client's AsyncClient, answered as the served contracts would; each batch's
-    rows are recorded."""
-
-    def __init__(self):
-        self.batches: list[tuple[str, int]] = []
-
-    async def model_configs(self) -> dict:
-        return CONFIGS
-
-    async def model_config(self, model: str) -> dict:
-        return CONFIGS[model]
-
-    async def check_ready(self, model=None) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def map(self, model, batches, outputs, concurrency=1, class_count=None):
-        return [self._infer(model, batch, outputs, class_count or {}) for batch in batches]
-
-    def _infer(self, model, inputs, outputs, class_count):
-        rows = len(next(iter(inputs.values())))
-        assert rows <= CONFIGS[model]["max_batch_size"], "a request over the model's max batch size"
-        self.batches.append((model, rows))
-        texts = {name: [v.decode() for v in array.reshape(-1)] for name, array in inputs.items()}
-        if any("explode" in t for column in texts.values() for t in column):
-            raise ClientError(f"{model}: tokenizer: text[0] is refused (the server's own check)")
-        if model == "embedder":  # a unit vector from the text's length
-            vectors = np.array([[len(t), 1, 0, 0] for t in texts["text"]], np.float32)
-            return {"embedding": vectors / np.linalg.norm(vectors, axis=1, keepdims=True),
-                    "num_tokens": np.array([[tokens(t)] for t in texts["text"]], np.int32),
-                    "truncated": np.zeros((rows, 1), bool)}
-        if model == RANKER:
-            logit = np.array([[ref_logit(q, d)] for q, d in zip(texts["query"], texts["document"])], np.float32)
-            return {"logit": logit, "score": 1 / (1 + np.exp(-logit)), "truncated": np.zeros((rows, 1), bool),
-                    "num_tokens": np.array([[tokens(q, d)] for q, d in zip(texts["query"], texts["document"])],
-                                           np.int32)}
-        pairs = texts.get("text_pair", [None] * rows)
-        logits = np.array([ref_logits(t, p) for t, p in zip(texts["text"], pairs)], np.float32)
-        scores = np.array([softmax(z) for z in logits.astype(np.float64)], np.float32)
-        k = class_count["scores"]
-        top = [[f"{row[i]:f}:{i}:{LABELS[i]}".encode() for i in np.argsort(-row, kind="stable")[:k]] for row in scores]
-        return {"scores": np.array(top, dtype=object), "logits": logits, "truncated": np.zeros((rows, 1), bool),
-                "num_tokens": np.array([[tokens(t, p or "")] for t, p in zip(texts["text"], pairs)], np.int32)}
-
-
-def run(scenario, api_key: str | None = None, batch_size: int = 32):
-    """scenario(http, fake) against a gateway on a free port whose Triton is the stand-in."""
-    fake = FakeTriton()
-
-    async def main():
-        gateway = Gateway("unused:0", batch_size=batch_size, triton_model=None, api_key=api_key)
-
-        async def startup(_app):
-            gateway.client = fake
-
-        gateway._startup = startup
-        async with TestClient(TestServer(gateway.app())) as http:
-            return await scenario(http, fake)
-
-    return asyncio.run(main())
-
-
-async def post(http, path: str, body, key: str | None = None) -> tuple[int, dict]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    response = await http.post(path, json=body, headers=headers)
-    return response.status, await response.json()
-
-
-QUERY = "where is the capital of france"
+QUERY = "how do I open a network connection to a server"
 DOCUMENTS = [
-    "Berlin is the capital of Germany.",
-    "Paris is the capital of France.",
-    "The weather is sunny today.",
-    "France is a country in western Europe where people speak French.",
-    "Where is the nearest bus stop?",
+    "Open a socket and connect it to the remote host and port.",
+    "The weather today is sunny and warm.",
+    "Compress data with the zlib algorithm.",
+    "A quick brown fox jumps over the lazy dog near the river bank at dawn.",
+    "Create a TCP client, then send the request bytes. " * 12,  # past the tiny models' 64 tokens: truncated
 ]
+TEXTS = ["A man is playing a guitar on stage.", "The committee rejected the proposal.", "Stocks fell sharply today."]
+PAIRS = ["Someone is making music.", "The proposal was approved.", "Markets went down."]
 
 
-def reference_ranking(query: str, documents: list[str]) -> list[tuple[int, float]]:
-    scores = [1 / (1 + math.exp(-ref_logit(query, d))) for d in documents]
-    return sorted(enumerate(scores), key=lambda p: -p[1])
+@pytest.fixture(scope="module")
+def wide_gateway(start_tiny_gateway):
+    """An open gateway asked for more rows per Triton request than the models take."""
+    return start_tiny_gateway("--batch-size", "64")
 
 
-def test_rerank_answers_best_first_with_scores_usage_and_documents():
-    async def scenario(http, _fake):
-        full = await post(http, "/v1/rerank", {"model": RANKER, "query": QUERY, "documents": DOCUMENTS})
-        top = await post(http, "/v1/rerank", {"model": RANKER, "query": QUERY, "documents": DOCUMENTS, "top_n": 2,
-                                              "return_documents": True})
-        many = await post(http, "/v1/rerank", {"model": RANKER, "query": QUERY, "documents": DOCUMENTS, "top_n": 50})
-        raw = await post(http, "/v1/rerank", {"model": RANKER, "query": QUERY, "raw_scores": True,
-                                              "documents": [{"text": d} for d in DOCUMENTS]})
-        return full, top, many, raw
-
-    (status, full), (s2, top), (s3, many), (s4, raw) = run(scenario)
-    assert (status, s2, s3, s4) == (200, 200, 200, 200), (full, top, many, raw)
-    want = reference_ranking(QUERY, DOCUMENTS)
-    assert [r["index"] for r in full["results"]] == [i for i, _ in want]
-    np.testing.assert_allclose([r["relevance_score"] for r in full["results"]], [s for _, s in want], rtol=1e-6)
-    assert full["object"] == "rerank" and full["model"] == RANKER and "document" not in full["results"][0]
-    assert full["usage"]["prompt_tokens"] == full["usage"]["total_tokens"] == sum(tokens(QUERY, d) for d in DOCUMENTS)
-    assert [(r["index"], r["document"]["text"]) for r in top["results"]] == [(i, DOCUMENTS[i]) for i, _ in want[:2]]
-    assert len(many["results"]) == len(DOCUMENTS)  # top_n past the documents: all of them, as Cohere does
-    logits = sorted(((i, ref_logit(QUERY, d)) for i, d in enumerate(DOCUMENTS)), key=lambda p: -p[1])
-    assert [r["index"] for r in raw["results"]] == [i for i, _ in logits]
-    np.testing.assert_allclose([r["relevance_score"] for r in raw["results"]], [v for _, v in logits], rtol=1e-6)
+def scores_of(results: list[dict]) -> np.ndarray:
+    return np.array([r["relevance_score"] for r in results], np.float64)
 
 
-def test_rerank_sends_pairs_in_batches_of_the_model_and_keeps_the_documents_order():
-    documents = [f"document {i} about {'france capital' if i % 7 == 0 else 'nothing'} " + "word " * (i % 5)
-                 for i in range(70)]
+def assert_ranked_as_cross_encoder(tree, query: str, documents: list[str], results: list[dict],
+                                   raw: bool = False) -> list[int]:
+    """results are `documents` best first by the gateway's own scores, which are CrossEncoder's (raw: the logits
+    transformers gives) on the same weights; returns the order."""
+    scores, logits, _ = rerank_reference(tree, RERANKER, query, documents)
+    want, tol = (logits, LOGIT_TOL) if raw else (scores, LOGIT_TOL / 4)  # sigmoid' <= 1/4
+    order = [r["index"] for r in results]
+    np.testing.assert_allclose(scores_of(results), want[order], atol=tol)
+    assert (np.diff(scores_of(results)) <= 0).all(), results
+    assert_best_first(order, want, LOGIT_TOL)
+    return order
 
-    async def scenario(http, fake):
-        return await post(http, "/v1/rerank", {"model": RANKER, "query": QUERY, "documents": documents}), fake.batches
 
-    (status, body), batches = run(scenario, batch_size=12)
+def assert_classified_as_transformers(tree, texts: list[str], data: list[list[dict]], pairs=None,
+                                      raw: bool = False, top_k: int = LABELS) -> None:
+    """Per text, its top_k labels best first with transformers' probabilities (raw: logits) on the same weights."""
+    labels, probs, logits, _ = classify_reference(tree, CLASSIFIER, texts, pairs)
+    want, tol = (logits, LOGIT_TOL) if raw else (probs, PRINTED_TOL)
+    assert len(data) == len(texts)
+    for n, row in enumerate(data):
+        index = [labels.index(x["label"]) for x in row]
+        got = np.array([x["score"] for x in row])
+        assert len(row) == top_k and len(set(index)) == top_k, row
+        np.testing.assert_allclose(got, want[n, index], atol=tol)
+        assert (np.diff(got) <= 0).all(), row
+        assert want[n, index[-1]] >= np.sort(want[n])[::-1][top_k - 1] - tol, (row, want[n])  # the best top_k
+        assert_best_first(index, want[n], tol)
+
+
+def executions(server, model: str) -> Counter:
+    """Triton's count of `model`'s executions per batch size. An ensemble has no batcher of its own: one execution
+    per request sent to it, of the rows sent."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    return Counter({int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])})
+
+
+def split(rows: int, size: int) -> Counter:
+    return Counter([size] * (rows // size) + ([rows % size] if rows % size else []))
+
+
+def max_batch_size(server, model: str) -> int:
+    with Client(server.grpc_url, protocol="grpc") as client:
+        return int(client.model_config(model)["max_batch_size"])
+
+
+# -- answers -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_rerank_answers_best_first_with_scores_usage_and_documents(tiny_tree, tiny_gateway):
+    body = {"model": RANKER, "query": QUERY, "documents": DOCUMENTS}
+    s1, full = tiny_gateway.post("/v1/rerank", body)
+    s2, top = tiny_gateway.post("/v1/rerank", {**body, "top_n": 2, "return_documents": True})
+    s3, many = tiny_gateway.post("/v1/rerank", {**body, "top_n": 50})
+    objects = [{"text": d} for d in DOCUMENTS]  # Cohere's object form
+    s4, raw = tiny_gateway.post("/v1/rerank", {**body, "raw_scores": True, "documents": objects})
+    assert (s1, s2, s3, s4) == (200, 200, 200, 200), (full, top, many, raw)
+    assert full["object"] == "rerank" and full["model"] == RANKER and full["id"].startswith("rerank-")
+    order = assert_ranked_as_cross_encoder(tiny_tree, QUERY, DOCUMENTS, full["results"])
+    assert sorted(order) == list(range(len(DOCUMENTS))) and not any("document" in r for r in full["results"])
+    _, _, tokens = rerank_reference(tiny_tree, RERANKER, QUERY, DOCUMENTS)
+    assert full["usage"] == {"prompt_tokens": int(tokens.sum()), "total_tokens": int(tokens.sum())}
+    assert [(r["index"], r["document"]["text"]) for r in top["results"]] == [(i, DOCUMENTS[i]) for i in order[:2]]
+    np.testing.assert_allclose(scores_of(top["results"]), scores_of(full["results"])[:2], atol=1e-6)
+    assert [r["index"] for r in many["results"]] == order  # top_n past the documents: all of them, as Cohere does
+    raw_order = assert_ranked_as_cross_encoder(tiny_tree, QUERY, DOCUMENTS, raw["results"], raw=True)
+    assert sorted(raw_order) == list(range(len(DOCUMENTS)))
+
+
+@pytest.mark.slow
+def test_equal_scores_keep_the_documents_order(tiny_tree, wide_gateway):
+    documents = [DOCUMENTS[i] for i in (0, 1, 0, 2, 1, 0, 2, 0)]
+    status, body = wide_gateway.post("/v1/rerank", {"model": RANKER, "query": QUERY, "documents": documents})
     assert status == 200, body
-    assert sorted(rows for _, rows in batches) == sorted([12] * 5 + [10])  # --batch-size 12, under the model's 16
-    want = reference_ranking(QUERY, documents)
-    assert [r["index"] for r in body["results"]] == [i for i, _ in want]
+    order = assert_ranked_as_cross_encoder(tiny_tree, QUERY, documents, body["results"])
+    score = dict(zip(order, scores_of(body["results"])))
+    # The same pair in one Triton request scores the same to the bit: ties the ranking must break by input order.
+    assert all(len({score[i] for i, d in enumerate(documents) if d == text}) == 1 for text in set(documents))
+    for text in set(documents):
+        places = [p for p, i in enumerate(order) if documents[i] == text]
+        assert [order[p] for p in places] == [i for i, d in enumerate(documents) if d == text]
+        assert places == list(range(places[0], places[0] + len(places)))  # together
 
 
-def test_classify_answers_every_label_best_first_and_takes_pairs():
-    texts = ["good good food", "bad service, meh", "meh"]
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["rerank", "classify"])
+def test_requests_go_to_triton_in_batches_capped_at_the_models_max(tiny_server, tiny_tree, tiny_gateway,
+                                                                   wide_gateway, route):
+    """--batch-size 4 sends 70 rows as requests of 4; --batch-size 64 as requests of the model's max batch size;
+    each answer in the order of the request's rows."""
+    texts = [f"document {i} about {'a network connection' if i % 7 == 0 else 'nothing'} " + "word " * (i % 5)
+             for i in range(70)]
+    model = RANKER if route == "rerank" else CLASSIFY
+    most = max_batch_size(tiny_server, model)
+    assert most < 64
+    for gateway, rows in ((tiny_gateway, 4), (wide_gateway, most)):
+        before = executions(tiny_server, model)
+        if route == "rerank":
+            status, body = gateway.post("/v1/rerank", {"model": model, "query": QUERY, "documents": texts})
+            assert status == 200, body
+            assert_ranked_as_cross_encoder(tiny_tree, QUERY, texts, body["results"])
+        else:
+            status, body = gateway.post("/v1/classify", {"model": model, "input": texts})
+            assert status == 200, body
+            assert_classified_as_transformers(tiny_tree, texts, body["data"])
+        assert executions(tiny_server, model) - before == split(len(texts), rows)
 
-    async def scenario(http, _fake):
-        return (await post(http, "/v1/classify", {"model": CLASSIFIER, "input": texts}),
-                await post(http, "/v1/classify", {"model": CLASSIFIER, "input": "bad and good and good", "top_k": 1}),
-                await post(http, "/v1/classify", {"model": CLASSIFIER, "raw_scores": True, "input": [
-                    {"text": "a premise", "text_pair": "bad bad"}, {"text": "good", "text_pair": "meh meh"}]}))
 
-    (status, body), (s2, top1), (s3, pairs) = run(scenario)
-    assert (status, s2, s3) == (200, 200, 200), (body, top1, pairs)
-    assert body["object"] == "classify" and body["model"] == CLASSIFIER and len(body["data"]) == len(texts)
-    for text, labels in zip(texts, body["data"]):
-        probs = softmax(ref_logits(text, None))
-        order = np.argsort(-probs, kind="stable")
-        assert [x["label"] for x in labels] == [LABELS[i] for i in order]
-        np.testing.assert_allclose([x["score"] for x in labels], probs[order], atol=1e-6)  # Triton's 6 decimals
-    assert body["usage"]["total_tokens"] == sum(tokens(t) for t in texts)
-    assert [x["label"] for x in top1["data"][0]] == ["positive"]
-    for (text, pair), labels in zip([("a premise", "bad bad"), ("good", "meh meh")], pairs["data"]):
-        logits = ref_logits(text, pair)
-        order = np.argsort(-softmax(logits), kind="stable")
-        assert [x["label"] for x in labels] == [LABELS[i] for i in order]
-        np.testing.assert_allclose([x["score"] for x in labels], logits[order], rtol=1e-6)
+@pytest.mark.slow
+def test_classify_answers_every_label_best_first_and_takes_pairs(tiny_tree, tiny_gateway):
+    s1, body = tiny_gateway.post("/v1/classify", {"model": CLASSIFY, "input": TEXTS})
+    s2, top1 = tiny_gateway.post("/v1/classify", {"model": CLASSIFY, "input": TEXTS[1], "top_k": 1})
+    s3, pairs = tiny_gateway.post("/v1/classify", {"model": CLASSIFY, "raw_scores": True, "input": [
+        {"text": t, "text_pair": p} for t, p in zip(TEXTS, PAIRS)]})
+    s4, single = tiny_gateway.post("/v1/classify", {"model": SINGLE, "input": TEXTS})
+    assert (s1, s2, s3, s4) == (200, 200, 200, 200), (body, top1, pairs, single)
+    assert body["object"] == "classify" and body["model"] == CLASSIFY and body["id"].startswith("classify-")
+    assert_classified_as_transformers(tiny_tree, TEXTS, body["data"])
+    *_, tokens = classify_reference(tiny_tree, CLASSIFIER, TEXTS)
+    assert body["usage"] == {"prompt_tokens": int(tokens.sum()), "total_tokens": int(tokens.sum())}
+    assert_classified_as_transformers(tiny_tree, TEXTS[1:2], top1["data"], top_k=1)
+    assert top1["data"][0][0]["label"] == body["data"][1][0]["label"]
+    assert_classified_as_transformers(tiny_tree, TEXTS, pairs["data"], pairs=PAIRS, raw=True)
+    *_, pair_tokens = classify_reference(tiny_tree, CLASSIFIER, TEXTS, PAIRS)
+    assert pairs["usage"]["total_tokens"] == int(pair_tokens.sum()) > int(tokens.sum())
+    assert single["model"] == SINGLE  # the same tokenizer and classifier, for single texts only
+    assert_classified_as_transformers(tiny_tree, TEXTS, single["data"])
+
+
+# -- bad input ---------------------------------------------------------------------------------------------
 
 
 LONG = "x" * (MAX_TEXT_BYTES + 1)
 WIDE = "é" * (MAX_TEXT_BYTES // 2 + 1)  # under the limit in characters, over it in UTF-8 bytes
-RERANK_OK = {"model": RANKER, "query": "q", "documents": ["d"]}
-
+RERANK_OK = {"model": RANKER, "query": QUERY, "documents": DOCUMENTS[:2]}
+CLASSIFY_OK = {"model": CLASSIFY, "input": TEXTS[:2]}
 
 RERANK_BAD = [
     ({"query": None}, 400, "query", "'query' is required"),
@@ -237,10 +211,10 @@ RERANK_BAD = [
     ({"top_n": "2"}, 400, "top_n", "got '2'"),
     ({"top_n": True}, 400, "top_n", "got True"),
     ({"return_documents": "yes"}, 400, "return_documents", "must be true or false"),
-    ({"model": "nope"}, 404, "model", f"it has {RANKER}"),
-    ({"model": CLASSIFIER}, 404, "model", "is not a rerank model"),
+    # A 404 lists what the route offers: the rerank models the server was told to load, and only those.
+    ({"model": "nope"}, 404, "model", f"it has {', '.join(sorted(served_models(RERANKER)))}"),
+    ({"model": CLASSIFY}, 404, "model", "is not a rerank model"),
 ]
-CLASSIFY_OK = {"model": CLASSIFIER, "input": ["good"]}
 CLASSIFY_BAD = [
     ({"input": None}, 400, "input", "'input' is required"),
     ({"input": []}, 400, "input", "'input' must be a non-empty"),
@@ -252,74 +226,83 @@ CLASSIFY_BAD = [
     ({"input": [{"text": "a", "text_pair": "b"}, "c"]}, 400, "input[1]", "send a text_pair with every text"),
     ({"input": [{"text": "a", "text_pair": "b"}], "model": SINGLE}, 400, "input[0].text_pair",
      "takes single texts"),
-    ({"top_k": 4}, 400, "top_k", "top_k must be an integer in 1..3"),
-    ({"top_k": 0}, 400, "top_k", "1..3"),
+    ({"top_k": LABELS + 1}, 400, "top_k", f"top_k must be an integer in 1..{LABELS}"),
+    ({"top_k": 0}, 400, "top_k", f"1..{LABELS}"),
     ({"raw_scores": 1}, 400, "raw_scores", "must be true or false"),
     ({"model": RANKER}, 404, "model", "is not a text-classification model"),
 ]
+BAD = [("rerank", RERANK_OK, *case) for case in RERANK_BAD] + [("classify", CLASSIFY_OK, *case)
+                                                               for case in CLASSIFY_BAD]
 
 
-@pytest.mark.parametrize(
-    "path, ok, change, status, param, fragment",
-    [("/v1/rerank", RERANK_OK, *case) for case in RERANK_BAD]
-    + [("/v1/classify", CLASSIFY_OK, *case) for case in CLASSIFY_BAD],
-)
-def test_bad_input_is_400_naming_the_field_and_the_gateway_keeps_serving(path, ok, change, status, param, fragment):
+def assert_good_answer(tree, route: str, ok: dict, status: int, answer: dict) -> None:
+    """`ok` answered 200 as the references on the same weights say."""
+    assert status == 200, answer
+    if route == "rerank":
+        order = assert_ranked_as_cross_encoder(tree, ok["query"], ok["documents"], answer["results"])
+        assert sorted(order) == list(range(len(ok["documents"])))
+    else:
+        assert_classified_as_transformers(tree, ok["input"], answer["data"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route, ok, change, status, param, fragment", BAD,
+                         ids=[f"{case[0]}-{case[4]}-{n}" for n, case in enumerate(BAD)])
+def test_bad_input_is_named_with_its_limit_and_the_gateway_keeps_serving(tiny_tree, tiny_gateway, route, ok, change,
+                                                                         status, param, fragment):
     body = {k: v for k, v in {**ok, **change}.items() if v is not None}  # None: the field left out
-
-    async def scenario(http, _fake):
-        return await post(http, path, body), await post(http, path, ok)
-
-    (got, answer), (after, good) = run(scenario)
+    got, answer = tiny_gateway.post(f"/v1/{route}", body)
     assert got == status and answer["error"]["param"] == param and fragment in answer["error"]["message"], answer
-    assert after == 200
-    assert (good["results"][0]["index"] if "results" in good else good["data"][0][0]["label"]) in (0, "positive")
+    assert_good_answer(tiny_tree, route, ok, *tiny_gateway.post(f"/v1/{route}", ok))
 
 
-def test_a_model_error_from_triton_is_400_and_not_json_is_400():
-    async def scenario(http, _fake):
-        refused = await post(http, "/v1/rerank", {**RERANK_OK, "documents": ["fine", "explode"]})
-        refused_classify = await post(http, "/v1/classify", {**CLASSIFY_OK, "input": ["explode"]})
-        garbled = await http.post("/v1/rerank", data=b"{not json", headers={"Content-Type": "application/json"})
-        return refused, refused_classify, garbled.status, await post(http, "/v1/rerank", RERANK_OK)
+@pytest.mark.slow
+def test_a_text_tritons_tokenizer_refuses_is_400_and_not_json_is_400(tiny_tree, tiny_gateway):
+    # Past the gateway's checks: the server's tokenizer refuses a text that tokenizes to nothing, in its own words.
+    s1, refused = tiny_gateway.post("/v1/rerank", {**RERANK_OK, "documents": ["fine", "\u200b\u200b"]})
+    s2, refused_classify = tiny_gateway.post("/v1/classify", {**CLASSIFY_OK, "input": ["\u200b"]})
+    s3, garbled = tiny_gateway.post("/v1/rerank", b"{not json")
+    s4, listed = tiny_gateway.post("/v1/rerank", [RERANK_OK])
+    assert (s1, refused["error"]["param"]) == (400, "documents"), refused
+    assert RANKER in refused["error"]["message"] and "has no tokens" in refused["error"]["message"]
+    assert (s2, refused_classify["error"]["param"]) == (400, "input"), refused_classify
+    assert CLASSIFY in refused_classify["error"]["message"] and "has no tokens" in refused_classify["error"]["message"]
+    assert s3 == 400 and "not valid JSON" in garbled["error"]["message"]
+    assert s4 == 400 and "must be a JSON object" in listed["error"]["message"]
+    assert_good_answer(tiny_tree, "rerank", RERANK_OK, *tiny_gateway.post("/v1/rerank", RERANK_OK))
+    assert_good_answer(tiny_tree, "classify", CLASSIFY_OK, *tiny_gateway.post("/v1/classify", CLASSIFY_OK))
 
-    (s1, refused), (s2, refused_classify), s3, (after, _) = run(scenario)
-    assert (s1, refused["error"]["param"]) == (400, "documents") and "the server's own check" in str(refused)
-    assert (s2, refused_classify["error"]["param"]) == (400, "input")
-    assert (s3, after) == (400, 200)
 
-
-def test_api_key_guards_the_new_routes_and_models_lists_them():
-    async def scenario(http, _fake):
-        no_key = await post(http, "/v1/rerank", RERANK_OK)
-        wrong = await post(http, "/v1/classify", CLASSIFY_OK, key=KEY + "x")
-        good = await post(http, "/v1/classify", CLASSIFY_OK, key=KEY)
-        models = await http.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
-        return no_key, wrong, good, await models.json()
-
-    (s1, no_key), (s2, wrong), (s3, _), models = run(scenario, api_key=KEY)
+@pytest.mark.slow
+def test_api_key_guards_the_routes_and_models_lists_them(tiny_tree, tiny_gateway):
+    s1, no_key = tiny_gateway.post("/v1/rerank", RERANK_OK, key=None)
+    s2, wrong = tiny_gateway.post("/v1/classify", CLASSIFY_OK, key=tiny_gateway.key + "x")
+    s3, unlisted = tiny_gateway.get("/v1/models", key=None)
+    s4, models = tiny_gateway.get("/v1/models")
     assert (s1, no_key["error"]["code"]) == (401, "missing_api_key")
     assert (s2, wrong["error"]["code"]) == (401, "invalid_api_key")
-    assert s3 == 200
-    assert {m["id"] for m in models["data"]} == {RANKER, CLASSIFIER, SINGLE, "embedder"}
+    assert (s3, unlisted["error"]["code"]) == (401, "missing_api_key")
+    assert_good_answer(tiny_tree, "classify", CLASSIFY_OK, *tiny_gateway.post("/v1/classify", CLASSIFY_OK))
+    # Every served model of a route's contract, found by its tensors; the ensembles' steps have none of them.
+    assert s4 == 200 and {m["id"] for m in models["data"]} == {*served_models(RERANKER), *served_models(CLASSIFIER),
+                                                               SINGLE}
+    assert {m["object"] for m in models["data"]} == {"model"}
 
 
-def test_embeddings_route_is_unchanged_beside_them():
-    async def scenario(http, _fake):
-        return (await post(http, "/v1/embeddings", {"model": "embedder", "input": ["ab", "abcd"], "dimensions": 2}),
-                await post(http, "/v1/embeddings", {"model": "embedder", "input": ["ok", ""]}),
-                await post(http, "/v1/embeddings", {"model": RANKER, "input": "x"}))
-
-    (status, body), (bad, error), (missing, not_found) = run(scenario)
-    assert status == 200 and [d["index"] for d in body["data"]] == [0, 1]
-    for text, row in zip(["ab", "abcd"], body["data"]):
-        np.testing.assert_allclose(row["embedding"], np.array([len(text), 1]) / math.hypot(len(text), 1), rtol=1e-6)
-    assert body["usage"]["total_tokens"] == tokens("ab") + tokens("abcd")
-    assert (bad, error["error"]["param"]) == (400, "input[1]") and "input[1] is empty" in error["error"]["message"]
-    assert (missing, not_found["error"]["code"]) == (404, "model_not_found")
+@pytest.mark.slow
+def test_embeddings_route_offers_neither_kind(tiny_gateway):
+    """This server serves no embedding model (test_gateway.py covers /v1/embeddings on the real MiniLM server)."""
+    s1, ranker = tiny_gateway.post("/v1/embeddings", {"model": RANKER, "input": "x"})
+    s2, classifier = tiny_gateway.post("/v1/embeddings", {"model": CLASSIFY, "input": "x"})  # a `text` input too
+    s3, default = tiny_gateway.post("/v1/embeddings", {"input": "x"})
+    s4, empty = tiny_gateway.post("/v1/embeddings", {"model": RANKER, "input": ["ok", ""]})
+    for status, answer in ((s1, ranker), (s2, classifier), (s3, default)):
+        assert (status, answer["error"]["code"]) == (404, "model_not_found"), answer
+        assert "this server has none" in answer["error"]["message"]
+    assert (s4, empty["error"]["param"]) == (400, "input[1]") and "input[1] is empty" in empty["error"]["message"]
 
 
-# -- the client functions' own checks -----------------------------------------------------------------------
+# -- the client functions' own checks ----------------------------------------------------------------------
 
 
 def test_ranking_is_best_first_ties_in_input_order_cut_to_top_n():
@@ -327,23 +310,30 @@ def test_ranking_is_best_first_ties_in_input_order_cut_to_top_n():
                                 np.zeros(4, np.int32), np.zeros(4, bool), top_n=3)
     assert [i for i, _ in result.ranking()] == [1, 3, 0]
     assert [i for i, _ in result.ranking(raw=True)] == [0, 2, 1]
+    # Checked before any client is made: nothing listens on port 1.
     with pytest.raises(ValueError, match="top_n must be an integer >= 1"):
-        reranking.rerank("q", ["d"], model=RANKER, top_n=0, client=object())
+        reranking.rerank("q", ["d"], model=RANKER, top_n=0, url="127.0.0.1:1")
     with pytest.raises(TypeError, match="not one string"):
-        reranking.rerank("q", "d", model=RANKER, client=object())
+        reranking.rerank("q", "d", model=RANKER, url="127.0.0.1:1")
 
 
-def test_classify_plan_follows_the_models_text_pair_input():
-    required = _config({"text": False, "text_pair": False}, {"logits": 3, "scores": 3}, max_batch=2)
-    batches, k = text_classification._plan("m", required, ["a", "b", "c"], None, None, None)
-    assert k == 3 and [len(b["text"]) for b in batches] == [2, 1]
-    assert [b["text_pair"].reshape(-1).tolist() for b in batches] == [[b"", b""], [b""]]  # required: empty = none
-    batches, k = text_classification._plan("m", CONFIGS[CLASSIFIER], ["a"], ["b"], 2, 5)
-    assert k == 2 and batches[0]["text_pair"].reshape(-1).tolist() == [b"b"]
-    assert "text_pair" not in text_classification._plan("m", CONFIGS[CLASSIFIER], ["a"], None, 1, None)[0][0]
+@pytest.mark.slow
+def test_classify_plan_follows_the_models_text_pair_input(tiny_server):
+    """On the served configs. Not here: a required text_pair (sent empty for none), which no served model has and
+    tritonkit's tokenizer would refuse ("text_pair[0] is empty")."""
+    with Client(tiny_server.grpc_url, protocol="grpc") as client:
+        paired, single = client.model_config(CLASSIFY), client.model_config(SINGLE)
+    most = max_batch_size(tiny_server, CLASSIFY)
+    texts = [f"t{i}" for i in range(2 * most + 1)]
+    batches, k = text_classification._plan(CLASSIFY, paired, texts, None, None, None)
+    assert k == LABELS and [len(b["text"]) for b in batches] == [most, most, 1]
+    assert not any("text_pair" in b for b in batches)  # optional: left out, not sent empty
+    batches, k = text_classification._plan(CLASSIFY, paired, ["a", "b", "c"], ["x", "y", "z"], 2, 2)
+    assert k == 2 and [b["text_pair"].reshape(-1).tolist() for b in batches] == [[b"x", b"y"], [b"z"]]
+    assert [b["text"].reshape(-1).tolist() for b in batches] == [[b"a", b"b"], [b"c"]]
     with pytest.raises(ClientError, match="takes single texts"):
-        text_classification._plan("m", CONFIGS[SINGLE], ["a"], ["b"], None, None)
-    with pytest.raises(ValueError, match=r"top_k must be an integer in 1\.\.3"):
-        text_classification._plan("m", CONFIGS[SINGLE], ["a"], None, 4, None)
+        text_classification._plan(SINGLE, single, ["a"], ["b"], None, None)
+    with pytest.raises(ValueError, match=rf"top_k must be an integer in 1\.\.{LABELS}"):
+        text_classification._plan(SINGLE, single, ["a"], None, LABELS + 1, None)
     with pytest.raises(ValueError, match="text_pairs has 2 items for 1 texts"):
-        text_classification._plan("m", CONFIGS[CLASSIFIER], ["a"], ["b", "c"], None, None)
+        text_classification._plan(CLASSIFY, paired, ["a"], ["b", "c"], None, None)

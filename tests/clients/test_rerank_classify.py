@@ -5,12 +5,9 @@ and transformers on the same weights."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -23,18 +20,17 @@ from tritonkit_client import (
     rerank_async,
 )
 
-from tests.support.gateway_support import start_gateway
-from tests.support.tiny_kinds import TINY, build_tiny_kinds, serve_tiny_kinds
+from tests.support.tiny_kinds import (
+    LOGIT_TOL,
+    PRINTED_TOL,
+    assert_best_first,
+    classify_reference,
+    rerank_reference,
+)
 
 pytestmark = pytest.mark.slow  # builds (once, kept under build/cache) and serves tiny models
 
-RERANKER, CLASSIFIER = "tiny_rerank_bert", "tiny_classify_bert"
-KEY = "tk-rerank-3c9e"
-# fp32 ONNX Runtime against fp32 torch on the same weights: the tiny models' logits (about 0.1, spread ~1e-4 over
-# documents: random weights barely tell texts apart) moved 3e-8 here; kernel order elsewhere may move them more.
-LOGIT_TOL = 2e-6
-# Triton's classification extension prints a score with 6 decimals.
-PRINTED_TOL = LOGIT_TOL + 5e-7
+RERANKER, CLASSIFIER = "tiny_rerank_bert", "tiny_classify_bert"  # tests/clients/conftest.py serves both
 
 QUERY = "how do I open a network connection to a server"
 DOCUMENTS = [
@@ -50,90 +46,13 @@ TEXTS = ["A man is playing a guitar on stage.", "The committee rejected the prop
 PAIRS = ["Someone is making music.", "The proposal was approved.", "Markets went down."]
 
 
-@pytest.fixture(scope="module")
-def tree():
-    return build_tiny_kinds((RERANKER, CLASSIFIER))
-
-
-@pytest.fixture(scope="module")
-def server(start_server, tree):
-    return serve_tiny_kinds(start_server, tree)
-
-
-@pytest.fixture(scope="module")
-def gateway(server):
-    proc, port = start_gateway(server, "--health-model", "", "--batch-size", "4",
-                               env={"TRITONKIT_GATEWAY_API_KEY": KEY})
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
-
-
-def post(base: str, path: str, body: object, key: str | None = KEY) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-# -- references on the same weights ------------------------------------------------------------------------
-
-
-_REFERENCES: dict[tuple, tuple] = {}
-
-
-def rerank_reference(tree, name: str, query: str = QUERY, documents=DOCUMENTS):
-    """(CrossEncoder's scores, transformers' logits, token counts) of each (query, document) pair."""
-    key = (tree.root, name, query, tuple(documents))
-    if key not in _REFERENCES:
-        _REFERENCES[key] = _rerank_reference(tree, name, query, list(documents))
-    return _REFERENCES[key]
-
-
-def _rerank_reference(tree, name: str, query: str, documents: list[str]):
-    import torch
-
-    scores = np.asarray(tree.cross_encoder(name).predict([(query, d) for d in documents]), np.float64).reshape(-1)
-    tokenizer, model = tree.transformers(name)
-    enc = tokenizer([query] * len(documents), documents, padding=True, truncation="only_second",
-                    max_length=TINY[name].max_length, return_tensors="pt")
-    with torch.no_grad():
-        logits = model(**enc).logits[:, 0].numpy().astype(np.float64)
-    return scores, logits, enc["attention_mask"].sum(1).numpy()
-
-
-def classify_reference(tree, name: str, texts, pairs=None):
-    """(label names, softmax probabilities, logits) by transformers, the pair truncation the server uses."""
-    import torch
-
-    tokenizer, model = tree.transformers(name)
-    enc = tokenizer(list(texts), None if pairs is None else list(pairs), padding=True, truncation=True,
-                    max_length=TINY[name].max_length, return_tensors="pt")
-    with torch.no_grad():
-        logits = model(**enc).logits.numpy().astype(np.float64)
-    probs = np.exp(logits - logits.max(1, keepdims=True))
-    labels = [model.config.id2label[i] for i in range(logits.shape[1])]
-    return labels, probs / probs.sum(1, keepdims=True), logits
-
-
-def assert_best_first(indices: list[int], reference: np.ndarray, tol: float) -> None:
-    """Each next index is no better than the one before by the reference (within its tolerance)."""
-    assert sorted(indices) == sorted(set(indices))
-    for a, b in itertools.pairwise(indices):
-        assert reference[a] >= reference[b] - tol, (indices, reference)
-
-
 # -- client ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_rerank_matches_cross_encoder_in_input_order(server, tree, protocol):
-    want_scores, want_logits, want_tokens = rerank_reference(tree, RERANKER)
-    url = server.http_url if protocol == "http" else server.grpc_url
+def test_rerank_matches_cross_encoder_in_input_order(tiny_server, tiny_tree, protocol):
+    want_scores, want_logits, want_tokens = rerank_reference(tiny_tree, RERANKER, QUERY, DOCUMENTS)
+    url = tiny_server.http_url if protocol == "http" else tiny_server.grpc_url
     got = rerank(QUERY, DOCUMENTS, model=f"{RERANKER}_fp32", url=url, protocol=protocol)
     np.testing.assert_allclose(got.logits, want_logits, atol=LOGIT_TOL)
     np.testing.assert_allclose(got.scores, want_scores, atol=LOGIT_TOL / 4)  # sigmoid' <= 1/4
@@ -142,13 +61,13 @@ def test_rerank_matches_cross_encoder_in_input_order(server, tree, protocol):
     assert_best_first([i for i, _ in got.ranking()], want_scores, LOGIT_TOL)
 
 
-def test_rerank_in_batches_async_and_top_n_gives_the_same_scores(server, tree):
+def test_rerank_in_batches_async_and_top_n_gives_the_same_scores(tiny_server, tiny_tree):
     documents = [f"{d} ({i})" for i, d in enumerate(DOCUMENTS[:-1] * 6)]  # 36 rows, over the models' 32
-    want_scores, *_ = rerank_reference(tree, RERANKER, QUERY, documents)
-    with Client(server.grpc_url, protocol="grpc") as client:
+    want_scores, *_ = rerank_reference(tiny_tree, RERANKER, QUERY, documents)
+    with Client(tiny_server.grpc_url, protocol="grpc") as client:
         whole = rerank(QUERY, documents, model=f"{RERANKER}_fp32", client=client)
         small = rerank(QUERY, documents, model=f"{RERANKER}_fp32", client=client, batch_size=5, concurrency=3)
-    top = asyncio.run(rerank_async(QUERY, documents, model=f"{RERANKER}_fp32", top_n=4, url=server.http_url))
+    top = asyncio.run(rerank_async(QUERY, documents, model=f"{RERANKER}_fp32", top_n=4, url=tiny_server.http_url))
     np.testing.assert_allclose(whole.scores, want_scores, atol=LOGIT_TOL / 4)
     np.testing.assert_allclose(small.scores, whole.scores, atol=1e-6)
     np.testing.assert_allclose(top.scores, whole.scores, atol=1e-6)
@@ -156,26 +75,26 @@ def test_rerank_in_batches_async_and_top_n_gives_the_same_scores(server, tree):
 
 
 @pytest.mark.parametrize("suffix", ["", "_fused"])
-def test_the_ensemble_and_fused_model_answer_the_same_contract(server, suffix):
+def test_the_ensemble_and_fused_model_answer_the_same_contract(tiny_server, suffix):
     """INT8 where the build proved it, whose promise is the kind's rank gates on held-out data, not closeness on
     these near-tied tiny logits (the server's suites compare them): here the same tokens, scores the sigmoid of the
     logits, and the ranking best first by the model's own scores."""
-    got = rerank(QUERY, DOCUMENTS, model=RERANKER + suffix, url=server.grpc_url, protocol="grpc")
-    fp32 = rerank(QUERY, DOCUMENTS, model=f"{RERANKER}_fp32", url=server.grpc_url, protocol="grpc")
+    got = rerank(QUERY, DOCUMENTS, model=RERANKER + suffix, url=tiny_server.grpc_url, protocol="grpc")
+    fp32 = rerank(QUERY, DOCUMENTS, model=f"{RERANKER}_fp32", url=tiny_server.grpc_url, protocol="grpc")
     assert got.num_tokens.tolist() == fp32.num_tokens.tolist() and got.truncated.tolist() == fp32.truncated.tolist()
     np.testing.assert_allclose(got.scores, 1 / (1 + np.exp(-got.logits.astype(np.float64))), atol=1e-6)
     assert_best_first([i for i, _ in got.ranking()], got.scores, 0.0)
-    names = classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", top_k=1, url=server.http_url).predictions
-    for row in classify_text(TEXTS, model=CLASSIFIER + suffix, url=server.http_url).predictions:
+    names = classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", top_k=1, url=tiny_server.http_url).predictions
+    for row in classify_text(TEXTS, model=CLASSIFIER + suffix, url=tiny_server.http_url).predictions:
         assert sorted(p.index for p in row) == [0, 1, 2] and [p.score for p in row] == sorted(
             (p.score for p in row), reverse=True)
         assert {p.label for p in row} >= {names[0][0].label}  # the same label file
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_classify_text_matches_transformers_labels_and_top_k(server, tree, protocol):
-    labels, probs, logits = classify_reference(tree, CLASSIFIER, TEXTS)
-    url = server.http_url if protocol == "http" else server.grpc_url
+def test_classify_text_matches_transformers_labels_and_top_k(tiny_server, tiny_tree, protocol):
+    labels, probs, logits, _ = classify_reference(tiny_tree, CLASSIFIER, TEXTS)
+    url = tiny_server.http_url if protocol == "http" else tiny_server.grpc_url
     got = classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", url=url, protocol=protocol)
     np.testing.assert_allclose(got.logits, logits, atol=LOGIT_TOL)
     for n, preds in enumerate(got.predictions):
@@ -187,22 +106,22 @@ def test_classify_text_matches_transformers_labels_and_top_k(server, tree, proto
     assert [[p.index for p in preds] for preds in top1.predictions] == [[p[0].index] for p in got.predictions]
 
 
-def test_classify_text_pairs_and_async(server, tree):
-    labels, probs, logits = classify_reference(tree, CLASSIFIER, TEXTS, PAIRS)
-    got = asyncio.run(classify_text_async(TEXTS, PAIRS, model=f"{CLASSIFIER}_fp32", top_k=2, url=server.grpc_url,
-                                          protocol="grpc", batch_size=2))
+def test_classify_text_pairs_and_async(tiny_server, tiny_tree):
+    labels, probs, logits, _ = classify_reference(tiny_tree, CLASSIFIER, TEXTS, PAIRS)
+    got = asyncio.run(classify_text_async(TEXTS, PAIRS, model=f"{CLASSIFIER}_fp32", top_k=2,
+                                          url=tiny_server.grpc_url, protocol="grpc", batch_size=2))
     np.testing.assert_allclose(got.logits, logits, atol=LOGIT_TOL)
-    single = classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", url=server.grpc_url, protocol="grpc")
+    single = classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", url=tiny_server.grpc_url, protocol="grpc")
     assert np.abs(got.logits - single.logits).max() > 10 * LOGIT_TOL, "the pair's second text made no difference"
     for n, preds in enumerate(got.predictions):
         assert [p.index for p in preds] == list(np.argsort(-probs[n], kind="stable")[:2])
         assert [p.label for p in preds] == [labels[p.index] for p in preds]
     with pytest.raises(ValueError, match=r"top_k must be an integer in 1\.\.3"):
-        classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", top_k=9, url=server.http_url)
+        classify_text(TEXTS, model=f"{CLASSIFIER}_fp32", top_k=9, url=tiny_server.http_url)
     with pytest.raises(ClientError, match="not a text-classification model"):
-        classify_text(TEXTS, model=f"{RERANKER}_fp32", url=server.http_url)
+        classify_text(TEXTS, model=f"{RERANKER}_fp32", url=tiny_server.http_url)
     with pytest.raises(ClientError, match="not a text-rerank model"):
-        rerank(QUERY, DOCUMENTS, model=f"{CLASSIFIER}_fp32", url=server.http_url)
+        rerank(QUERY, DOCUMENTS, model=f"{CLASSIFIER}_fp32", url=tiny_server.http_url)
 
 
 # -- CLI ---------------------------------------------------------------------------------------------------
@@ -213,12 +132,12 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_cli_rerank_and_classify_text(server, tree, tmp_path):
-    want_scores, *_ = rerank_reference(tree, RERANKER)
+def test_cli_rerank_and_classify_text(tiny_server, tiny_tree, tmp_path):
+    want_scores, *_ = rerank_reference(tiny_tree, RERANKER, QUERY, DOCUMENTS)
     docs = tmp_path / "docs.txt"
     docs.write_text("\n".join(DOCUMENTS) + "\n")
     proc = cli("rerank", QUERY, "--file", str(docs), "--model", f"{RERANKER}_fp32", "--top-n", "3", "--json",
-               "--url", server.grpc_url, "--protocol", "grpc")
+               "--url", tiny_server.grpc_url, "--protocol", "grpc")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["rank"] for r in rows] == [1, 2, 3]
@@ -227,63 +146,64 @@ def test_cli_rerank_and_classify_text(server, tree, tmp_path):
     assert_best_first([r["index"] for r in rows], want_scores, LOGIT_TOL)
     assert "1 input(s) were truncated" in proc.stderr
 
-    labels, probs, _ = classify_reference(tree, CLASSIFIER, TEXTS, PAIRS)
+    labels, probs, *_ = classify_reference(tiny_tree, CLASSIFIER, TEXTS, PAIRS)
     tsv = "".join(f"{t}\t{p}\n" for t, p in zip(TEXTS, PAIRS))
     proc = cli("classify-text", "--model", f"{CLASSIFIER}_fp32", "--pairs", "--top-k", "1", "--json",
-               "--url", server.http_url, stdin=tsv)
+               "--url", tiny_server.http_url, stdin=tsv)
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [(r["text"], r["text_pair"]) for r in rows] == list(zip(TEXTS, PAIRS))
     assert [r["top"][0]["label"] for r in rows] == [labels[i] for i in probs.argmax(1)]
-    proc = cli("classify-text", "a text", "--model", f"{CLASSIFIER}_fp32", "--top-k", "7", "--url", server.http_url)
+    proc = cli("classify-text", "a text", "--model", f"{CLASSIFIER}_fp32", "--top-k", "7",
+               "--url", tiny_server.http_url)
     assert proc.returncode == 2 and "top_k must be an integer in 1..3" in proc.stderr and "Traceback" not in proc.stderr
-    proc = cli("rerank", QUERY, "fine", "\u200b", "--model", f"{RERANKER}_fp32", "--url", server.http_url)
+    proc = cli("rerank", QUERY, "fine", "\u200b", "--model", f"{RERANKER}_fp32", "--url", tiny_server.http_url)
     assert proc.returncode == 2 and RERANKER in proc.stderr and "Traceback" not in proc.stderr
 
 
 # -- gateway -----------------------------------------------------------------------------------------------
 
 
-def test_gateway_rerank_ranks_as_cross_encoder(server, tree, gateway):
-    want_scores, *_ = rerank_reference(tree, RERANKER)
+def test_gateway_rerank_ranks_as_cross_encoder(tiny_server, tiny_tree, tiny_gateway):
+    want_scores, *_ = rerank_reference(tiny_tree, RERANKER, QUERY, DOCUMENTS)
     model = f"{RERANKER}_fp32"
-    status, body = post(gateway, "/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS})
+    status, body = tiny_gateway.post("/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS})
     assert status == 200, body
     assert body["model"] == model and body["object"] == "rerank" and len(body["results"]) == len(DOCUMENTS)
     indices = [r["index"] for r in body["results"]]
     np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], want_scores[indices],
                                atol=LOGIT_TOL / 4)
     assert_best_first(indices, want_scores, LOGIT_TOL)
-    direct = rerank(QUERY, DOCUMENTS, model=model, url=server.grpc_url, protocol="grpc")
+    direct = rerank(QUERY, DOCUMENTS, model=model, url=tiny_server.grpc_url, protocol="grpc")
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] == int(direct.num_tokens.sum())
 
-    status, top = post(gateway, "/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS, "top_n": 2,
-                                               "return_documents": True})
+    status, top = tiny_gateway.post("/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS,
+                                                   "top_n": 2, "return_documents": True})
     assert status == 200 and [r["index"] for r in top["results"]] == indices[:2]
     assert [r["document"]["text"] for r in top["results"]] == [DOCUMENTS[i] for i in indices[:2]]
-    status, raw = post(gateway, "/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS,
-                                               "raw_scores": True})
+    status, raw = tiny_gateway.post("/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS,
+                                                   "raw_scores": True})
     np.testing.assert_allclose([r["relevance_score"] for r in raw["results"]],
                                direct.logits[[r["index"] for r in raw["results"]]], atol=1e-6)
 
 
 @pytest.mark.parametrize("suffix", ["", "_fused"])
-def test_gateway_serves_the_ensemble_and_fused_model_as_the_client_does(server, gateway, suffix):
+def test_gateway_serves_the_ensemble_and_fused_model_as_the_client_does(tiny_server, tiny_gateway, suffix):
     model = RERANKER + suffix
-    status, body = post(gateway, "/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS})
-    direct = rerank(QUERY, DOCUMENTS, model=model, url=server.grpc_url, protocol="grpc", batch_size=4)
+    status, body = tiny_gateway.post("/v1/rerank", {"model": model, "query": QUERY, "documents": DOCUMENTS})
+    direct = rerank(QUERY, DOCUMENTS, model=model, url=tiny_server.grpc_url, protocol="grpc", batch_size=4)
     assert status == 200 and [r["index"] for r in body["results"]] == [i for i, _ in direct.ranking()]
     np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], direct.scores[
         [r["index"] for r in body["results"]]], atol=1e-6)
-    status, body = post(gateway, "/v1/classify", {"model": CLASSIFIER + suffix, "input": TEXTS, "top_k": 1})
-    direct = classify_text(TEXTS, model=CLASSIFIER + suffix, url=server.grpc_url, protocol="grpc", top_k=1)
+    status, body = tiny_gateway.post("/v1/classify", {"model": CLASSIFIER + suffix, "input": TEXTS, "top_k": 1})
+    direct = classify_text(TEXTS, model=CLASSIFIER + suffix, url=tiny_server.grpc_url, protocol="grpc", top_k=1)
     assert status == 200 and [row[0]["label"] for row in body["data"]] == [p[0].label for p in direct.predictions]
 
 
-def test_gateway_classify_gives_labels_and_scores_as_transformers(server, tree, gateway):
-    labels, probs, _ = classify_reference(tree, CLASSIFIER, TEXTS)
+def test_gateway_classify_gives_labels_and_scores_as_transformers(tiny_server, tiny_tree, tiny_gateway):
+    labels, probs, *_ = classify_reference(tiny_tree, CLASSIFIER, TEXTS)
     model = f"{CLASSIFIER}_fp32"
-    status, body = post(gateway, "/v1/classify", {"model": model, "input": TEXTS})
+    status, body = tiny_gateway.post("/v1/classify", {"model": model, "input": TEXTS})
     assert status == 200, body
     assert body["object"] == "classify" and body["model"] == model and len(body["data"]) == len(TEXTS)
     for n, row in enumerate(body["data"]):
@@ -291,16 +211,16 @@ def test_gateway_classify_gives_labels_and_scores_as_transformers(server, tree, 
         got = np.array([x["score"] for x in row])
         np.testing.assert_allclose(got, probs[n, [labels.index(x["label"]) for x in row]], atol=PRINTED_TOL)
         assert (np.diff(got) <= 0).all()
-    direct = classify_text(TEXTS, model=model, url=server.grpc_url, protocol="grpc")
+    direct = classify_text(TEXTS, model=model, url=tiny_server.grpc_url, protocol="grpc")
     assert body["usage"]["total_tokens"] == int(direct.num_tokens.sum())
 
-    _, pair_probs, _ = classify_reference(tree, CLASSIFIER, TEXTS, PAIRS)
-    status, pairs = post(gateway, "/v1/classify", {"model": model, "top_k": 1, "input": [
+    _, pair_probs, *_ = classify_reference(tiny_tree, CLASSIFIER, TEXTS, PAIRS)
+    status, pairs = tiny_gateway.post("/v1/classify", {"model": model, "top_k": 1, "input": [
         {"text": t, "text_pair": p} for t, p in zip(TEXTS, PAIRS)]})
     assert status == 200 and [row[0]["label"] for row in pairs["data"]] == [labels[i] for i in pair_probs.argmax(1)]
 
 
-def test_gateway_bad_input_and_model_errors_are_400_and_it_keeps_serving(server, gateway):
+def test_gateway_bad_input_and_model_errors_are_400_and_it_keeps_serving(tiny_server, tiny_gateway):
     model = f"{RERANKER}_fp32"
     good = {"model": model, "query": QUERY, "documents": DOCUMENTS[:2]}
     cases = [
@@ -315,10 +235,10 @@ def test_gateway_bad_input_and_model_errors_are_400_and_it_keeps_serving(server,
     ]
     for body, param, fragment in cases:
         path = "/v1/classify" if "input" in body else "/v1/rerank"
-        status, answer = post(gateway, path, body)
+        status, answer = tiny_gateway.post(path, body)
         assert status == 400 and answer["error"]["param"] == param, (body, answer)
         assert fragment in answer["error"]["message"], answer
-        status, after = post(gateway, "/v1/rerank", good)
+        status, after = tiny_gateway.post("/v1/rerank", good)
         assert status == 200 and len(after["results"]) == 2
-    assert post(gateway, "/v1/rerank", good, key=None)[0] == 401
-    assert post(gateway, "/v1/classify", {"model": CLASSIFIER, "input": ["x"]}, key="wrong")[0] == 401
+    assert tiny_gateway.post("/v1/rerank", good, key=None)[0] == 401
+    assert tiny_gateway.post("/v1/classify", {"model": CLASSIFIER, "input": ["x"]}, key="wrong")[0] == 401

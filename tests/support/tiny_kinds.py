@@ -193,3 +193,87 @@ def made_classifier(target: Path, num_labels: int = 1) -> None:
     """A source maker (spec `[source] make`, tritonkit.kinds.spec.make_source): a tiny random classifier."""
     MADE_CALLS.append(Path(target))
     sequence_classifier_dir(Path(target), num_labels=num_labels)
+
+
+# -- references on the same weights (the client and gateway suites share them) --------------------------------
+
+# fp32 ONNX Runtime against fp32 torch on the same weights: the tiny models' logits (about 0.1, spread ~1e-4 over
+# documents: random weights barely tell texts apart) moved 3e-8 here; kernel order elsewhere may move them more.
+LOGIT_TOL = 2e-6
+# Triton's classification extension prints a score with 6 decimals.
+PRINTED_TOL = LOGIT_TOL + 5e-7
+
+_REFERENCES: dict[tuple, tuple] = {}
+
+
+def rerank_reference(tree: TinyTree, name: str, query: str, documents):
+    """(CrossEncoder's scores, transformers' logits, token counts) of each (query, document) pair, float64."""
+    key = ("rerank", tree.root, name, query, tuple(documents))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _rerank_reference(tree, name, query, list(documents))
+    return _REFERENCES[key]
+
+
+def _rerank_reference(tree: TinyTree, name: str, query: str, documents: list[str]):
+    import numpy as np
+    import torch
+
+    scores = np.asarray(tree.cross_encoder(name).predict([(query, d) for d in documents]), np.float64).reshape(-1)
+    tokenizer, model = tree.transformers(name)
+    enc = tokenizer([query] * len(documents), documents, padding=True, truncation="only_second",
+                    max_length=TINY[name].max_length, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**enc).logits[:, 0].numpy().astype(np.float64)
+    return scores, logits, enc["attention_mask"].sum(1).numpy()
+
+
+def classify_reference(tree: TinyTree, name: str, texts, pairs=None):
+    """(label names, softmax probabilities, logits, token counts) by transformers, with the pair truncation the
+    server uses."""
+    key = ("classify", tree.root, name, tuple(texts), None if pairs is None else tuple(pairs))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _classify_reference(tree, name, list(texts), None if pairs is None else list(pairs))
+    return _REFERENCES[key]
+
+
+def _classify_reference(tree: TinyTree, name: str, texts: list[str], pairs: list[str] | None):
+    import numpy as np
+    import torch
+
+    tokenizer, model = tree.transformers(name)
+    enc = tokenizer(texts, pairs, padding=True, truncation=True, max_length=TINY[name].max_length,
+                    return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**enc).logits.numpy().astype(np.float64)
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    labels = [model.config.id2label[i] for i in range(logits.shape[1])]
+    return labels, probs / probs.sum(1, keepdims=True), logits, enc["attention_mask"].sum(1).numpy()
+
+
+def assert_best_first(indices: list[int], reference, tol: float) -> None:
+    """Each next index is no better than the one before by the reference (within its tolerance)."""
+    import itertools
+
+    assert sorted(indices) == sorted(set(indices))
+    for a, b in itertools.pairwise(indices):
+        assert reference[a] >= reference[b] - tol, (indices, reference)
+
+
+def single_text_variant(repository: Path, model: str, dest: Path) -> str:
+    """Write `<model>_single` into the model repository `dest`: `model`'s ensemble config less its optional
+    `text_pair` input, so a classifier that takes single texts only, served by the same tokenizer and classifier
+    (no text-classification spec makes one; the clients and gateway still must refuse pairs for it). Its name."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = model_config_pb2.ModelConfig()
+    text_format.Parse((Path(repository) / model / "config.pbtxt").read_text(), config)
+    config.name = f"{model}_single"
+    inputs = [t for t in config.input if t.name != "text_pair"]
+    del config.input[:]
+    config.input.extend(inputs)
+    for step in config.ensemble_scheduling.step:
+        step.input_map.pop("text_pair", None)
+    (Path(dest) / config.name / "1").mkdir(parents=True, exist_ok=True)  # an ensemble's (empty) version folder
+    (Path(dest) / config.name / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return config.name
