@@ -20,16 +20,20 @@ pytestmark = pytest.mark.slow
 NAME = "counted_encoder"
 
 
+def _add(root, env, name: str) -> None:
+    """A tiny new encoder's spec, written by `python -m tritonkit.add` as a user would."""
+    source = sentence_transformers_dir(root / name, architecture="bert", pooling="mean", normalize=True, hidden=128)
+    out = subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", name, "--source",
+                          str(source), "--max-batch-size", "16"], env=env, cwd=paths.ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     root = tmp_path_factory.mktemp("counted")
     env = scratch_env(root)
-    source = sentence_transformers_dir(root / "encoder", architecture="bert", pooling="mean", normalize=True,
-                                       hidden=128)
-    out = subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", NAME, "--source",
-                          str(source), "--max-batch-size", "16"], env=env, cwd=paths.ROOT, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    _add(root, env, NAME)
     return root, env
 
 
@@ -164,12 +168,7 @@ def test_a_build_whose_search_spends_its_budget_serves_each_name_on_the_fastest_
 
     root, env = tree
     name = f"{NAME}_spent"
-    source = sentence_transformers_dir(root / "spent", architecture="bert", pooling="mean", normalize=True,
-                                       hidden=128)
-    out = subprocess.run([sys.executable, "-m", "tritonkit.add", "text-embedding", "--name", name, "--source",
-                          str(source), "--max-batch-size", "16"], env=env, cwd=paths.ROOT, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    _add(root, env, name)
     out = subprocess.run([sys.executable, "-m", "tritonkit.build", name, "--no-progress", "--budget-minutes", "0.05"],
                          env=env, cwd=paths.ROOT, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
