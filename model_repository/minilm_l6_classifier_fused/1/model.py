@@ -1,0 +1,2 @@
+# Generated from models/minilm_l6_classifier.toml by `python -m tritonkit.repository.generate`; do not edit.
+from tritonkit.serving.fused_text import TritonPythonModel  # noqa: F401
