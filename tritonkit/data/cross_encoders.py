@@ -7,7 +7,7 @@ are not meaningful relevance or labels; speed and the INT8 gates' agreement with
 Each directory is a Hugging Face `AutoModelForSequenceClassification` directory (config.json, model.safetensors,
 tokenizer.json, ...) that transformers, sentence-transformers' CrossEncoder and Infinity load as they are.
 
-The specs record these as `[source] make = "tritonkit.data.cross_encoders:make"` (tritonkit.kinds.spec.make_source):
+The specs record these as `[source] make = "tritonkit.data.cross_encoders:make"` (tritonkit.data.sources.make_source):
 a build makes the directory under .build/sources/ when it is missing. By hand:
 
     python -m tritonkit.data.cross_encoders rerank        # prints the directory it made (or found)
@@ -69,7 +69,7 @@ def make(target: Path, head: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tritonkit.kinds.spec import make_source
+    from tritonkit.data.sources import make_source
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("head", choices=list(HEADS))
