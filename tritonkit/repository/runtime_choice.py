@@ -376,8 +376,9 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     """Measure one served model's file as every variant; the record that goes in the choice file. The fastest
     variant that beats ONNX Runtime by MIN_GAIN and keeps the gates (gated files) or the export tolerance (FP32)
     serves; otherwise ONNX Runtime. `budget` (this file's share of a build's): the timing takes TIMING_SHARE of what
-    is left (fewer rounds), and an accuracy check that would not finish by then is not started: ONNX Runtime serves, and
-    the record's `budget_cut` says so (a later build measures again, reusable). `timed`: its timings, measured on
+    is left (fewer rounds; where even MIN_ROUNDS of every batch size do not fit, as `least`), and an accuracy check
+    that would not finish by then is not started: ONNX Runtime serves, and the record's `budget_cut` says so (a later
+    build measures again, not reusable). `timed`: its timings, measured on
     the same graph at the same threads (twin_timings); its accuracy checks are its own. `gates`: the served form's
     (tritonkit.int8.gates), where the build judged the INT8 file by them: not measured again. `least`: the build's
     budget was spent before its turn: timed in MIN_ROUNDS, the fewest that give a median, with no deadline, so the
@@ -396,10 +397,9 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     try:
         speed = timed or time_variants(kind, file, variants, kind.SPEED_BATCHES, threads,
                                        MIN_ROUNDS if least else ROUNDS, budget_s=timing_s, rounds_used=rounds)
-    except BudgetSpent as spent:
-        cut = f"timing cut by the build's budget ({spent}; batch sizes timed: {', '.join(rounds) or 'none'})"
-        return {"file": paths.rel(file), "sha256": digest, "threads": threads, "runtime": DEFAULT, "reason": cut,
-                "budget_cut": cut}
+    except BudgetSpent:  # never starved: a share too short for every batch size is timed at the least instead
+        speed = time_variants(kind, file, variants, kind.SPEED_BATCHES, threads, MIN_ROUNDS)
+        rounds, least, budget = dict.fromkeys(speed[DEFAULT], MIN_ROUNDS), True, None
     # The geometric mean over the served batch sizes: no single batch size decides.
     gains = {v: float(np.exp(np.mean([np.log(speed[v][b] / speed[DEFAULT][b]) for b in speed[DEFAULT]])))
              for v in variants}
@@ -409,8 +409,8 @@ def choose_model(kind, model: str, path: Path, fp32: Path, gated: bool, digest: 
     if any(r < ROUNDS for r in rounds.values()):
         record["rounds"] = rounds
     if least:
-        record["budget_cut"] = (f"timed in {MIN_ROUNDS} rounds, the fewest: the build's budget was spent before its "
-                                "turn")
+        record["budget_cut"] = (f"timed in {MIN_ROUNDS} rounds, the fewest, and checked without a deadline: the "
+                                "build's budget left too little for more")
     # FP32 on another runtime must match FP32 as the export does; INT8 keeps its gates, judged against the FP32
     # graph's bf16 floor as the INT8 build judged it (tritonkit.int8.gates). A floor only loosens the absolute
     # gates, so it is measured only for a variant that misses them (MPNet's: ~9 min on 2 cores, where the search
