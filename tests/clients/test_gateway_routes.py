@@ -7,6 +7,7 @@ limit while the gateway keeps serving."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -90,6 +91,17 @@ def executions(server, model: str) -> Counter:
     return Counter({int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])})
 
 
+def executions_since(server, model: str, before: Counter, want: Counter, wait_s: float = 10.0) -> Counter:
+    """`model`'s executions since `before`, read until they reach `want` or `wait_s` passes: Triton may count an
+    execution a moment after its response went out (a loaded machine shows it); more than `want` still shows."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = executions(server, model) - before
+        if sum(got.values()) >= sum(want.values()) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
 def split(rows: int, size: int) -> Counter:
     return Counter([size] * (rows // size) + ([rows % size] if rows % size else []))
 
@@ -159,7 +171,8 @@ def test_requests_go_to_triton_in_batches_capped_at_the_models_max(tiny_server, 
             status, body = gateway.post("/v1/classify", {"model": model, "input": texts})
             assert status == 200, body
             assert_classified_as_transformers(tiny_tree, texts, body["data"])
-        assert executions(tiny_server, model) - before == split(len(texts), rows)
+        want = split(len(texts), rows)
+        assert executions_since(tiny_server, model, before, want) == want
 
 
 @pytest.mark.slow
