@@ -3,6 +3,7 @@ config generator read (see tritonkit.int8.search.SearchSpec)."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
@@ -74,3 +75,20 @@ class Kind:
         if threads:
             options.intra_op_num_threads = threads
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class TransformerKind(Kind):
+    """A kind served from a Hugging Face transformer directory: its source, tokenizer.json and architecture
+    (tritonkit.kinds.architectures), shared by the text kinds."""
+
+    def model_dir(self) -> Path:
+        return self.spec.source.path()
+
+    def tokenizer_file(self) -> Path:
+        return self.model_dir() / "tokenizer.json"
+
+    @cached_property
+    def architecture(self):
+        from tritonkit.kinds import architectures
+
+        return architectures.get(self.spec.facts.architecture)

@@ -25,7 +25,7 @@ from tritonkit import data
 from tritonkit.errors import SourceError
 from tritonkit.export import ExportSample, ExportSpec
 from tritonkit.kinds import architectures
-from tritonkit.kinds.base import Kind
+from tritonkit.kinds.base import TransformerKind
 from tritonkit.serving.textproc import pad
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -171,7 +171,7 @@ def scoring_module(directory: Path, arch: architectures.Architecture, activation
     return Scorer().eval()
 
 
-class SequenceKind(Kind):
+class SequenceKind(TransformerKind):
     """The shared half of the two kinds; a subclass sets OUTPUTS, TEXT_INPUTS, TRUNCATION and its data and gates."""
 
     WEIGHT_OPS = ("MatMul", "Gemm")
@@ -205,16 +205,6 @@ class SequenceKind(Kind):
         return None
 
     # -- source ------------------------------------------------------------------------------------------
-
-    def model_dir(self) -> Path:
-        return self.spec.source.path()
-
-    def tokenizer_file(self) -> Path:
-        return self.model_dir() / "tokenizer.json"
-
-    @cached_property
-    def architecture(self) -> architectures.Architecture:
-        return architectures.get(self.spec.facts.architecture)
 
     @cache  # noqa: B019 - one tokenizer per (kind object, length); kinds live for the process
     def _tokenizer(self, max_length: int):

@@ -20,7 +20,7 @@ import numpy as np
 from tritonkit import data
 from tritonkit.export import ExportSample, ExportSpec, row_metric
 from tritonkit.kinds import architectures
-from tritonkit.kinds.base import Kind
+from tritonkit.kinds.base import TransformerKind
 from tritonkit.kinds.gates import Target
 from tritonkit.serving.textproc import pad
 
@@ -67,7 +67,7 @@ def validation_texts(point: dict[str, int]) -> list[str]:
     return texts
 
 
-class TextEmbedding(Kind):
+class TextEmbedding(TransformerKind):
     WEIGHT_OPS = ("MatMul",)
     # What the INT8 search tries first (tritonkit.int8.search.SearchSpec): MiniLM's winning knobs, served and
     # TensorRT forms alike (models/text_embedding.int8.json), so a budget that ends early has tried them.
@@ -100,16 +100,6 @@ class TextEmbedding(Kind):
         return [Target(m, ">=", self.gate(m)) for m in ("cosine_min", "cosine_mean", "top10_overlap")]
 
     # -- source ------------------------------------------------------------------------------------------
-
-    def model_dir(self) -> Path:
-        return self.spec.source.path()
-
-    def tokenizer_file(self) -> Path:
-        return self.model_dir() / "tokenizer.json"
-
-    @cached_property
-    def architecture(self) -> architectures.Architecture:
-        return architectures.get(self.spec.facts.architecture)
 
     def load_tokenizer(self, max_length: int | None = None, path: Path | None = None):
         """HF `tokenizers` with truncation at max_length and no padding (tokenizer.json may ship fixed padding)."""
