@@ -124,6 +124,8 @@ class ImageClassification(Kind):
     DATA_FILES = (photos_data.MANIFEST,)
     # Decoded images are large: a shorter queue before the classifier (tritonkit.repository.variants).
     OVERLOAD: ClassVar[dict[str, tuple[int, int]]] = {"preprocessor": (300_000, 512), "model": (300_000, 128)}
+    # One JPEG decoder in the overload profile, so it cannot outrun the classifier (tritonkit.repository.variants).
+    OVERLOAD_PREPROCESSOR_INSTANCES = 1
     INPUT = INPUT
     OUTPUTS = OUTPUTS
     # Continuous, so the search can rank units whose effect on the gates is a step or two.

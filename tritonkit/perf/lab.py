@@ -268,15 +268,23 @@ def _image_contenders(name: str, settings: Settings, server, stack: contextlib.E
     ], []
 
 
+# The kinds whose rows and contenders the lab has (embedding texts, image bytes); another kind is refused, not fed
+# these: rerank and classification are timed by perf/bench_cross_encoders.py.
+LAB_KINDS = ("text-embedding", "image-classification")
+
+
 def pipeline(name: str) -> Pipeline:
-    """The perf-lab pipeline of any spec: its INT8 and FP32 ensembles (and fused model), each step alone, and what
-    it is compared with (tritonkit.perf.baselines, tritonkit.perf.peers)."""
+    """The perf-lab pipeline of a spec of LAB_KINDS: its INT8 and FP32 ensembles (and fused model), each step alone,
+    and what it is compared with (tritonkit.perf.baselines, tritonkit.perf.peers)."""
     from functools import partial
 
     from tritonkit import kinds
     from tritonkit.int8.report import served_label
 
     kind = kinds.get(name)
+    if kind.spec.kind not in LAB_KINDS:
+        raise ValueError(f"{name}: the perf lab has no workloads for a {kind.spec.kind} model (it has them for "
+                         f"{', '.join(LAB_KINDS)}); perf/bench_cross_encoders.py times rerank and classification")
     n, pre, int8, fp32 = kind.NAME, kind.PREPROCESSOR, kind.INT8_MODEL, kind.FP32_MODEL
     served = served_label(kind.NAME)  # "INT8", or "FP32 fallback" where the search found no passing INT8 model
     if kind.spec.kind == "text-embedding":
@@ -627,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate", type=int, metavar="N",
                         help="only the CI ratio gate, N times per pipeline, to see its spread (no folder)")
     args = parser.parse_args(argv)
+    for name in args.pipelines:
+        try:
+            pipeline(name)
+        except (KeyError, ValueError) as err:
+            parser.error(str(err).strip("'\""))
     if args.gate:
         failed = False
         for name in args.pipelines:

@@ -31,6 +31,7 @@ import numpy as np
 from tritonkit import envinfo, paths
 from tritonkit.int8 import floor, gates
 from tritonkit.int8.evaluate import run_batches, session
+from tritonkit.kinds.base import TransformerKind
 from tritonkit.kinds.gates import missed
 
 VARIANTS_ONNX = ("onnxruntime", "openvino", "openvino-bf16")
@@ -99,7 +100,7 @@ def candidates(kind, fp32: Path, budget_s: float, log=print, only: Sequence[str]
     half = floor.split_floor(floor.measure(kind, fp32, floor.PRECISION["served"]), "validation")
     bound = next(t.value for t in gates.targets(kind, half) if t.metric == _first(kind))
     common = {"subset_size": size * 1000}  # every calibration batch (subset_size counts samples, not batches)
-    if hasattr(kind, "DIM"):
+    if isinstance(kind, TransformerKind):  # every text kind, not only the embedding one that has DIM
         common["model_type"] = nncf.ModelType.TRANSFORMER
     onnx_run = lambda model, batches: _onnx_outputs(model, batches)  # noqa: E731
     ov_run = lambda model, batches: _Ov(model).outputs(batches)  # noqa: E731

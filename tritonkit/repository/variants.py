@@ -165,11 +165,12 @@ def overload_policies() -> dict[str, tuple[int, int]]:
 
 
 def overload_instances() -> dict[str, int]:
-    """One JPEG decoder per image pipeline, so that it cannot outrun the classifier: work done for a request a
-    later step sheds is wasted."""
+    """The preprocessor instances a kind caps in the overload profile (an image pipeline: one JPEG decoder), so
+    that it cannot outrun the model: work done for a request a later step sheds is wasted."""
     from tritonkit import kinds
 
-    return {kinds.get(n).PREPROCESSOR: 1 for n in kinds.names() if kinds.get(n).spec.kind == "image-classification"}
+    capped = {n: getattr(kinds.get(n), "OVERLOAD_PREPROCESSOR_INSTANCES", None) for n in kinds.names()}
+    return {kinds.get(n).PREPROCESSOR: count for n, count in capped.items() if count}
 
 
 def __getattr__(name: str):

@@ -28,10 +28,12 @@ class Preflight:
 
 def _built(kind) -> list[str]:
     """Missing build outputs of a spec'd model (empty: built)."""
+    from tritonkit.repository import generate
 
     wanted = [paths.model_file(kind.FP32_MODEL), paths.model_file(kind.INT8_MODEL)]
-    wanted += [paths.MODEL_REPOSITORY / m / "labels.txt" for m in (kind.FP32_MODEL, kind.INT8_MODEL)
-               if kind.spec.kind == "image-classification"]
+    # Every labels file the kind's layout names: Triton refuses to load a model whose label_filename is missing.
+    wanted += [paths.MODEL_REPOSITORY / e.config.name / t.label_filename for e in generate.repository(kind)
+               for t in e.config.outputs if t.label_filename]
     return [paths.rel(p) for p in wanted if not p.exists()]
 
 
