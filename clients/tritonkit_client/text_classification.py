@@ -1,9 +1,9 @@
 """Text classification client for `text-classification` models: a text (or a text pair, e.g. NLI) → labels.
 
-BYTES `text` [1] (and `text_pair` [1] where the model takes pairs) in; FP32 `logits` and `scores` [num_labels]
-(softmax or sigmoid, as the model's config says), INT32 `num_tokens` and BOOL `truncated` out. Top-k labels come
-from Triton's classification extension on `scores` (class_count), which reads the labels from the model's label
-file: 'score:index:label'.
+BYTES `text` [1] (and `text_pair` [1], optional, where the model takes pairs) in; FP32 `logits` and `scores`
+[num_labels] (softmax, sigmoid or identity, as the model's config says), INT32 `num_tokens` and BOOL `truncated`
+out. Top-k labels come from Triton's classification extension on `scores` (class_count), which reads the labels
+from the model's label file: 'score:index:label'.
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def _plan(model: str, config: dict, texts: Sequence[str], text_pairs: Sequence[s
     if pairs is not None and pair_input is None:
         raise ClientError(f"{model}: this model takes single texts, not text pairs")
     if pairs is None and pair_input is not None and not pair_input.get("optional", False):
-        pairs = [""] * len(texts)  # a model whose text_pair is required reads an empty one as none
+        # Only a hand-written config requires it (tritonkit's are optional); Triton refuses a request without it.
+        pairs = [""] * len(texts)
     size = rows_per_request(model, config, batch_size)
     batches = []
     for start in range(0, len(texts), size):
