@@ -93,7 +93,7 @@ def main() -> None:
 
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
-    entry = (load_recipes(kind, None) or {}).get("served") or {}
+    entry = (load_recipes(kind, None) or {}).get("served")
     candidate = committed_candidate(kind, "served", entry, fp32, file_digest(fp32))
     if candidate is None:
         raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file")

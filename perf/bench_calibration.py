@@ -49,8 +49,8 @@ def main() -> int:
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
     entry = recipe.load_recipes(kind)["served"]
-    r = Recipe.from_json(entry["recipe"])
-    given, _why, _path = recipe.quant_params(kind, "served", entry, fp32)
+    r = Recipe.from_json(entry.recipe)
+    given, _why, _path = recipe.quant_params(kind, "served", entry.recipe, entry.borrowed_from, fp32)
     total = kind.calibration_batch_count()
     batches = list(kind.calibration_batches())[:total]
     methods = ["minmax"] + (["percentile", "entropy"] if len({b[next(iter(b))].shape for b in batches}) == 1 else [])

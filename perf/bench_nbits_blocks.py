@@ -46,7 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
-    entry = (load_recipes(kind, None) or {}).get("served") or {}
+    entry = (load_recipes(kind, None) or {}).get("served")
     candidate = committed_candidate(kind, "served", entry, fp32, file_digest(fp32))
     if candidate is None or not candidate[0].dynamic:
         raise SystemExit(f"{kind.NAME}: no committed served recipe with run-time quantized nodes for this FP32 file")

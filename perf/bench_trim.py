@@ -48,12 +48,12 @@ def main() -> None:
 
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
-    entry = (load_recipes(kind, args.cpu_class) or {}).get("served") or {}
+    entry = (load_recipes(kind, args.cpu_class) or {}).get("served")
     candidate = committed_candidate(kind, "served", entry, fp32, file_digest(fp32))  # the donor's parameters too
     if candidate is None:
         raise SystemExit(f"{kind.NAME}: no committed served candidate with parameters for this FP32 file")
     recipe, params = candidate
-    print(f"{kind.NAME}: {recipe.describe()} ({entry.get('status')}, class {entry.get('borrowed_from') or 'own'}), "
+    print(f"{kind.NAME}: {recipe.describe()} ({entry.status}, class {entry.borrowed_from or 'own'}), "
           f"this CPU {envinfo.int8_class()}, margin {args.margin}")
     search = SearchContext(kind, fp32, [recipe.form], check_speed=False, progress=False, log=print,
                            margin=args.margin, exact=judge.exact_judgement(),

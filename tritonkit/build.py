@@ -216,20 +216,21 @@ def adopt_proof(kind) -> list[Path]:
     made, why = proof.valid(kind, paths.model_file(kind.INT8_MODEL))
     if made is None:
         raise GateError(f"{kind.NAME}: no proof to adopt: {why}; run `make build MODEL={kind.NAME}` first")
-    data = recipe.committed_recipes(kind) or {}
-    served = data.get("served") or {}
+    data = recipe.read(kind) or recipe.RecipeFile()
+    served = data.served
     if made.cpu_class in served:
         raise GateError(f"{kind.NAME}: CPU class {made.cpu_class} has its own served entry already")
     passed = made.status == "passed"
     report = json.loads(report_path(kind).read_text())
-    served[made.cpu_class] = {
-        **{k: v for k, v in served[made.donor].items() if k in ("validation", "floor")},
-        "recipe": made.recipe if passed else None, "status": made.status, "reason": made.reason,
-        "int8_variant": made.variant, "proven_from": made.donor, "test": report.get("test", {}),
-        "speed": report.get("speed", {}), "env": envinfo.fingerprint()}
-    written = [recipe.write(kind, {**data, "served": served})]
+    donor = served[made.donor]
+    served[made.cpu_class] = recipe.Entry.made(
+        **{k: getattr(donor, k) for k in ("validation", "floor") if k in donor.keys},
+        recipe=made.recipe if passed else None, status=made.status, reason=made.reason, int8_variant=made.variant,
+        proven_from=made.donor, test=report.get("test", {}), speed=report.get("speed", {}),
+        env=envinfo.fingerprint())
+    written = [recipe.write(kind, data)]
     if passed:  # the donor's parameters build this recipe on every class
-        src, dst = (recipe.params_path(kind, "served", {"class": c}) for c in (made.donor, made.cpu_class))
+        src, dst = (recipe.params_path(kind, "served", c) for c in (made.donor, made.cpu_class))
         shutil.copyfile(src, dst)
         written.append(dst)
     models = {kind.INT8_MODEL: {"runtime": made.variant, "reason": f"adopted from this machine's proof of the "

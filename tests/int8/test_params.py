@@ -103,17 +103,17 @@ def test_every_committed_recipe_carries_parameters_computed_for_it():
     checked = 0
     for name in kinds.names():
         kind = kinds.get(name)
-        data = recipe.committed_recipes(kind) or {}
-        entries = [("tensorrt", data["tensorrt"], None)] if data.get("tensorrt") else []
-        entries += [("served", e, cls) for cls, e in (data.get("served") or {}).items()]
+        data = recipe.read(kind) or recipe.RecipeFile()
+        entries = [("tensorrt", data.tensorrt, None)] if data.tensorrt else []
+        entries += [("served", e, cls) for cls, e in data.served.items()]
         for form, entry, cls in entries:
-            if entry.get("recipe") is None:
+            if entry.recipe is None:
                 continue
-            path = recipe.params_path(kind, form, {"class": cls} if cls else {})
+            path = recipe.params_path(kind, form, cls)
             assert path.exists(), f"{name} {form} {cls or ''}: no {path.name}"
             params = QuantParams.load(path)
-            assert params.recipe == recipe.recipe_digest(entry["recipe"]), path.name
-            assert params.ranges and params.method == entry["recipe"]["calibrate_method"]
+            assert params.recipe == recipe.recipe_digest(entry.recipe), path.name
+            assert params.ranges and params.method == entry.recipe["calibrate_method"]
             assert params.origin == recipe.params_origin(kind), f"{path.name} was made from another spec or packages"
             checked += 1
     assert checked >= 3

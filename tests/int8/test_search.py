@@ -735,21 +735,40 @@ def test_a_served_recipe_is_resolved_for_this_cpus_int8_class(tmp_path):
 
     legacy = {"recipe": {"form": "uint8", "placement": "inputs"}, "status": "passed"}
     spec = _recipe_file(tmp_path, legacy)  # one entry from before classes: its env's CPU was a VNNI one
-    assert list(recipe.committed_recipes(spec)["served"]) == ["vnni"]
-    assert "borrowed_from" not in recipe.load_recipes(spec, cpu="vnni")["served"]
-    assert recipe.load_recipes(spec, cpu="avx2")["served"]["borrowed_from"] == "vnni"
+    assert list(recipe.read(spec).served) == ["vnni"]
+    assert recipe.load_recipes(spec, cpu="vnni")["served"].borrowed_from is None
+    assert recipe.load_recipes(spec, cpu="avx2")["served"].borrowed_from == "vnni"
     own = {"recipe": None, "status": recipe.FALLBACK}
     spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": own})
-    assert recipe.load_recipes(spec, cpu="avx2")["served"] == own
+    assert recipe.load_recipes(spec, cpu="avx2")["served"].to_json() == own
     assert not recipe.all_classes_fall_back(spec)  # the committed config marks a fallback of every class only
     spec = _recipe_file(tmp_path, {"vnni": own, "avx2": own})
     assert recipe.all_classes_fall_back(spec)
     # A class without its own entry borrows a found recipe, judged in its own arithmetic where there is one.
     spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": legacy})
-    assert recipe.load_recipes(spec, cpu="avx512")["served"]["borrowed_from"] == "avx2"
-    assert recipe.load_recipes(spec, cpu="generic")["served"]["borrowed_from"] == "avx2"
+    assert recipe.load_recipes(spec, cpu="avx512")["served"].borrowed_from == "avx2"
+    assert recipe.load_recipes(spec, cpu="generic")["served"].borrowed_from == "avx2"
     spec = _recipe_file(tmp_path, {"vnni": legacy, "avx2": own})
-    assert recipe.load_recipes(spec, cpu="avx512")["served"]["borrowed_from"] == "vnni"
+    assert recipe.load_recipes(spec, cpu="avx512")["served"].borrowed_from == "vnni"
+
+
+def test_every_committed_recipe_file_is_rewritten_byte_for_byte(tmp_path, monkeypatch):
+    """The recipe file's one reader and one writer: a file read and written back holds the same bytes."""
+    from tritonkit import kinds
+    from tritonkit.int8 import recipe
+
+    checked = 0
+    for name in kinds.names():
+        kind = kinds.get(name)
+        committed = recipe.recipe_path(kind)
+        if not committed.exists():
+            continue
+        read = recipe.read(kind)
+        monkeypatch.setattr(recipe, "recipe_path", lambda _kind, out=tmp_path / committed.name: out)
+        assert recipe.write(kind, read).read_bytes() == committed.read_bytes(), name
+        monkeypatch.undo()
+        checked += 1
+    assert checked >= 3
 
 
 @pytest.mark.parametrize("borrowed", [False, True])
@@ -765,11 +784,9 @@ def test_a_recipe_from_another_cpu_class_that_misses_here_serves_fp32_not_a_fail
     spec = TinySpec()
     spec.EXPORT = type("Export", (), {"name": "tiny"})
     monkeypatch.setattr(report, "REPORTS", tmp_path)
-    entry = {"recipe": {"form": "int8", "placement": "inputs"}, "status": "passed"}
-    if borrowed:
-        entry["borrowed_from"] = "vnni"
+    entry = recipe.Entry({"form": "int8", "placement": "inputs"}, "passed", borrowed_from="vnni" if borrowed else None)
     out = tmp_path / "served.onnx"
-    outcome = decide.replay(spec, path, "served", {"served": entry}, out, progress=False)
+    outcome = decide.replay(spec, path, "served", entry, out, progress=False)
     if not borrowed:
         assert outcome.status == "failed" and any("cosine_min" in m for m in outcome.missed)
         return
@@ -799,15 +816,15 @@ def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_pat
     committed = _recipe_file(tmp_path, {"vnni": entry})
     monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
     monkeypatch.setenv(envinfo.NO_BF16_ENV, "1")
-    data = recipe.load_recipes(committed)
-    assert data["served"]["recipe"] == found and data["served"]["without_bf16"]
-    assert recipe.load_recipes(committed, cpu="vnni")["served"] == entry  # a class named: its record as committed
+    served = recipe.load_recipes(committed)["served"]
+    assert served.recipe == found and served.without_bf16
+    assert recipe.load_recipes(committed, cpu="vnni")["served"].to_json() == entry  # a class named: as committed
     spec = TinySpec()
     spec.EXPORT = type("Export", (), {"name": "tiny"})
     spec.SPEED_TARGET = Target("int8_speedup_lo", ">=", 1e-3)  # this test is about which graph, not its speed
     monkeypatch.setattr(report, "REPORTS", tmp_path)
     out = tmp_path / "served.onnx"
-    outcome = decide.replay(spec, path, "served", data, out, progress=False)
+    outcome = decide.replay(spec, path, "served", served, out, progress=False)
     dq = any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     if candidate == "accurate":
@@ -820,7 +837,7 @@ def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_pat
     # A CPU with native bf16 serves what its class's race chose: FP32 on OpenVINO bf16.
     monkeypatch.delenv(envinfo.NO_BF16_ENV)
     if envinfo.has_bf16():
-        assert recipe.load_recipes(committed)["served"] == entry
+        assert recipe.load_recipes(committed)["served"].to_json() == entry
 
 
 def test_int8_docs_replace_this_cpu_classes_table_and_keep_the_others(tmp_path):
@@ -926,15 +943,16 @@ def test_the_speed_gate_races_fp32_as_the_int8_name_would_serve_it(tiny, monkeyp
     elsewhere against the FP32 model's variant. A replay races what its recipe was searched against."""
     from tritonkit import envinfo
     from tritonkit.int8.decide import competitor as replay_competitor
+    from tritonkit.int8.recipe import Entry
 
     path, _ = tiny
     spec = TinySpec()
-    bf16 = {"speed_against": BF16_COMPETITOR}
+    bf16 = Entry(speed_against=BF16_COMPETITOR)
     monkeypatch.setenv(envinfo.CLASS_ENV, "avx2")  # a class without bf16: only the served variant can compete
     assert fp32_competitor(spec, path, "onnxruntime", 1.1) == ("onnxruntime", {})
     assert replay_competitor(spec, bf16, "onnxruntime") == "onnxruntime"
-    assert replay_competitor(spec, {"speed_against": "openvino"}, "onnxruntime") == "openvino"
-    assert replay_competitor(spec, {}, "openvino") == "openvino"  # a recipe from before the race: as searched
+    assert replay_competitor(spec, Entry(speed_against="openvino"), "onnxruntime") == "openvino"
+    assert replay_competitor(spec, Entry(), "openvino") == "openvino"  # a recipe from before the race: as searched
     monkeypatch.delenv(envinfo.CLASS_ENV)
     if not envinfo.has_bf16():
         pytest.skip("this CPU has no native bf16: the FP32 file cannot run on OpenVINO bf16 here")
@@ -1302,19 +1320,20 @@ def test_a_re_search_takes_its_classes_committed_candidate_where_its_parameters_
     committed = _recipe_file(tmp_path, {"vnni": entry})
     committed.spec.file.write_text('name = "tiny"\n')  # what the parameters' origin digests
     monkeypatch.setenv(envinfo.CLASS_ENV, "vnni")
-    assert recipe.committed_candidate(committed, "served", entry, path, file_digest(path)) is None  # no parameters
+    own = recipe.read(committed).served["vnni"]
+    assert recipe.committed_candidate(committed, "served", own, path, file_digest(path)) is None  # no parameters
     r = search.Recipe.from_json(found)
     quantize_with_params(path, tmp_path / "q.onnx", r.to_quant(spec.WEIGHT_OPS), spec.calibration_batches,
                          spec.calibration_batch_count(), False, None, recipe.recipe_digest(found),
-                         recipe.params_origin(committed)).save(recipe.params_path(committed, "served", entry))
-    got = recipe.committed_candidate(committed, "served", entry, path, file_digest(path))
+                         recipe.params_origin(committed)).save(recipe.params_path(committed, "served"))
+    got = recipe.committed_candidate(committed, "served", own, path, file_digest(path))
     assert got is not None and got[0] == r and got[1].recipe == recipe.recipe_digest(found)
-    assert recipe.committed_candidate(committed, "served", {"recipe": found, "status": "passed"}, path,
+    assert recipe.committed_candidate(committed, "served", recipe.Entry(found, "passed"), path,
                                       file_digest(path))[0] == r  # a passing recipe is its own candidate
     # An export's last bits may differ between CPUs: the same spec and packages still apply; a changed spec does not.
-    assert recipe.committed_candidate(committed, "served", entry, path, "0" * 64) is not None
+    assert recipe.committed_candidate(committed, "served", own, path, "0" * 64) is not None
     committed.spec.file.write_text('name = "tiny"\ndescription = "changed"\n')
-    assert recipe.committed_candidate(committed, "served", entry, path, "0" * 64) is None
+    assert recipe.committed_candidate(committed, "served", own, path, "0" * 64) is None
     assert json.loads((tmp_path / "tiny.int8.json").read_text())["served"]["vnni"] == entry
 
 
@@ -1395,6 +1414,7 @@ def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_vari
     Runtime, where the search judged it, and a replay races it there too."""
     from tests.support.tiny_search import export_cancelling
     from tritonkit.int8.decide import replay_variants
+    from tritonkit.int8.recipe import Entry
     from tritonkit.serving.runtimes import DEFAULT
 
     path = tmp_path / "cancelling.onnx"
@@ -1408,7 +1428,7 @@ def test_the_speed_gate_times_int8_only_where_its_gates_hold(tmp_path, int8_vari
     assert result.int8_variant == timed_on
     assert any(f"misses run as {int8_variant}" in line for line in logs) == (timed_on != int8_variant), logs
     assert any(line.endswith(f"(INT8 on {timed_on})") for line in logs), logs
-    assert replay_variants((DEFAULT, int8_variant), {"int8_variant": result.int8_variant}) == (DEFAULT, timed_on)
+    assert replay_variants((DEFAULT, int8_variant), Entry(int8_variant=result.int8_variant)) == (DEFAULT, timed_on)
 
 
 def test_a_build_graphs_fp32_reference_is_computed_once_across_processes(tiny, tmp_path, monkeypatch):

@@ -164,7 +164,7 @@ def test_an_fp32_fallback_is_not_labelled_int8(name):
     spec = kinds.get(name)
     served, fp32 = (paths.MODEL_REPOSITORY / m / "1" / "model.onnx" for m in (spec.INT8_MODEL, spec.FP32_MODEL))
     fallback = holds_fp32_graph(served, fp32) if served.exists() and fp32.exists() else \
-        (recipe.load_recipes(spec) or {}).get("served", {}).get("status") == recipe.FALLBACK
+        getattr((recipe.load_recipes(spec) or {}).get("served"), "status", None) == recipe.FALLBACK
     label = lab.pipeline(name).workloads[0].label
     assert ("FP32 fallback" in label) == fallback, label
     assert ("INT8" in label) != fallback, label

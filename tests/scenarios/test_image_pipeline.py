@@ -118,7 +118,7 @@ def test_served_int8_is_the_searched_form_and_engines_get_the_tensorrt_form(imag
 
     recipes = recipe.load_recipes(spec)
     for form, path, activation in (("served", image_build.int8, None), ("tensorrt", image_build.trt_int8, "int8")):
-        entry = recipes[form]["recipe"]
+        entry = recipes[form].recipe
         if fell_back(spec, form):  # no candidate for this form here: the FP32 graph, never a failed INT8 model
             assert_fp32_fallback(path, image_build.fp32)
             continue

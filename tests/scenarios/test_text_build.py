@@ -66,7 +66,7 @@ def test_int8_forms_are_what_their_recipes_say(built):
     from tritonkit.int8 import recipe, search
 
     recipes = recipe.load_recipes(minilm)
-    served = recipes["served"]["recipe"]
+    served = recipes["served"].recipe
     if fell_back(minilm, "tensorrt"):
         assert_fp32_fallback(built.trt_int8, built.fp32)
     else:

@@ -25,6 +25,7 @@ from tritonkit.int8.gates import Gates, for_entry
 from tritonkit.int8.judge import Judgement
 from tritonkit.int8.recipe import (
     FALLBACK,
+    Entry,
     mark_recipe,
     params_origin,
     params_path,
@@ -56,10 +57,10 @@ def _log(msg: str) -> None:
     print(f"[int8] {msg}", flush=True)
 
 
-def competitor(kind, entry: dict, served: str) -> str:
+def competitor(kind, entry: Entry, served: str) -> str:
     """The FP32 variant a replay's speed gate races: the one its recipe was searched against (`speed_against`),
     unless this CPU cannot run it (bf16 without native bf16), then `served`, the FP32 model's variant here."""
-    against = entry.get("speed_against")
+    against = entry.speed_against
     if against is None:
         if envinfo.has_bf16():
             _log(f"{kind.NAME}: this recipe was raced against FP32 on {served} only; here the INT8 name could serve "
@@ -82,16 +83,16 @@ class Built:
     seconds: float
 
 
-def build(kind, fp32: Path, form: str, entry: dict, out: Path, progress: bool = True) -> Built:
+def build(kind, fp32: Path, form: str, entry: Entry, out: Path, progress: bool = True) -> Built:
     """Stage 3: the entry's recipe built by the one builder, from its committed quantization parameters where they
     apply (no calibration pass; those it calibrates are kept under build/ for the next build here)."""
     from tritonkit.int8.params import file_digest
 
-    recipe = Recipe.from_json(entry["recipe"])
+    recipe = Recipe.from_json(entry.recipe)
     t0 = time.perf_counter()
     tmp = out.with_name(out.name.removesuffix(".onnx") + ".quant.onnx")
     fp32_digest = file_digest(fp32)
-    given, why, source = quant_params(kind, form, entry, fp32, fp32_digest)
+    given, why, source = quant_params(kind, form, entry.recipe, entry.borrowed_from, fp32, fp32_digest)
     builder = Builder(kind, fp32, committed=None if given is None else (recipe, given), progress=progress,
                       all_methods=False, name=f"{kind.NAME}-{form}")
     try:
@@ -99,8 +100,8 @@ def build(kind, fp32: Path, form: str, entry: dict, out: Path, progress: bool = 
         digest = judge.digest_of(model)
         builder.write(recipe, tmp)
         if given is None:  # kept for the next build here; committing it makes every machine's replay skip calibration
-            saved = builder.quant_params(recipe, recipe_digest(entry["recipe"]), params_origin(kind), fp32_digest)
-            built = saved.save(params_path(kind, form, entry, paths.BUILD_OUTPUTS / "int8-params"))
+            saved = builder.quant_params(recipe, recipe_digest(entry.recipe), params_origin(kind), fp32_digest)
+            built = saved.save(params_path(kind, form, entry.borrowed_from, paths.BUILD_OUTPUTS / "int8-params"))
             _log(f"{kind.NAME}: calibrated ({why}); its parameters -> {paths.rel(built)}")
     finally:
         builder.close()
@@ -108,28 +109,28 @@ def build(kind, fp32: Path, form: str, entry: dict, out: Path, progress: bool = 
                  time.perf_counter() - t0)
 
 
-def replay_variants(variants: tuple[str, str], entry: dict) -> tuple[str, str]:
+def replay_variants(variants: tuple[str, str], entry: Entry) -> tuple[str, str]:
     """`variants` (FP32's and INT8's here) with INT8's the one its search timed it on (timing.int8_variant, where its
     gates held; bf16-free here where this CPU has none), so a replay's speed gate races what the search's did."""
-    searched = entry.get("int8_variant")
-    if entry.get("borrowed_from") or not searched:  # a donor's variant was timed on the donor's CPU, not here
+    searched = entry.int8_variant
+    if entry.borrowed_from or not searched:  # a donor's variant was timed on the donor's CPU, not here
         return variants
     return variants[0], usable_here(searched)
 
 
-def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | None = None, progress: bool = True,
-           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), known: Judgement | None = None) -> Outcome:
-    """Build `out` from the resolved recipe of `form` in `data` (`build`), judge it (tritonkit.int8.judge) and
+def replay(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates | None = None, progress: bool = True,
+           speed_variants: tuple[str, str] = (DEFAULT, DEFAULT), known: Judgement | None = None,
+           search_env: dict | None = None) -> Outcome:
+    """Build `out` from `form`'s resolved recipe `entry` (`build`), judge it (tritonkit.int8.judge) and
     decide against `gates` (default: the entry's, tritonkit.int8.gates.for_entry; `decide`); FP32 goes there when the
     search found nothing. `speed_variants`: the runtime variants that serve FP32 and INT8 here (replay_variants and
     `competitor` pick what its speed gate races). `known`: this build's search's judgement of the graph it found,
-    handed on in memory (used where the rebuilt bytes are the same)."""
-    entry = data[form]
+    handed on in memory (used where the rebuilt bytes are the same). `search_env`: the recipe file's environment."""
     gates = gates or for_entry(kind, fp32, form, entry, log=_log)
     rep: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                  "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
-                 "search_env": data.get("env", {}), "search": report.search_summary(kind, form)}
-    if entry["recipe"] is None:
+                 "search_env": search_env or {}, "search": report.search_summary(kind, form)}
+    if entry.recipe is None:
         return decide(kind, fp32, form, entry, out, gates, rep)
     built = build(kind, fp32, form, entry, out, progress)
     int8_variant = replay_variants(speed_variants, entry)[1]
@@ -141,13 +142,13 @@ def replay(kind, fp32: Path, form: str, data: dict, out: Path, gates: Gates | No
     return decide(kind, fp32, form, entry, out, gates, rep, built, judged, variants)
 
 
-def decide(kind, fp32: Path, form: str, entry: dict, out: Path, gates: Gates, rep: dict, built: Built | None = None,
+def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, rep: dict, built: Built | None = None,
            judged: Judgement | None = None, variants: tuple[str, str] | None = None) -> Outcome:
     """Stage 5: what serves under the INT8 name, from the built graph's judgement against the form's gates; its
     report written (`rep`: what it says besides). No graph built: the search found nothing, FP32 serves."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
 
-    borrowed, here, candidate = entry.get("borrowed_from"), envinfo.int8_class(), entry.get("without_bf16")
+    borrowed, here, candidate = entry.borrowed_from, envinfo.int8_class(), entry.without_bf16
     if borrowed:
         rep["recipe_cpu"] = f"searched on a {borrowed} CPU; this one is {here}"
     if candidate:
@@ -165,10 +166,10 @@ def decide(kind, fp32: Path, form: str, entry: dict, out: Path, gates: Gates, re
         return Outcome(form, out, FALLBACK, [], reason, gates)
 
     if built is None:
-        return fall_back(entry.get("reason", ""))
+        return fall_back(entry.reason)
     tmp, recipe = built.tmp, built.recipe
     rep["quantization_parameters"] = built.params
-    metrics = {"test": judged.test, "validation": entry.get("validation") or {}}
+    metrics = {"test": judged.test, "validation": entry.validation or {}}
     speed = judged.speed
     share = artefact_int8_share(tmp, kind.WEIGHT_OPS)
     miss = gates.verdict(metrics["test"], speed, share)
@@ -178,7 +179,7 @@ def decide(kind, fp32: Path, form: str, entry: dict, out: Path, gates: Gates, re
     # borrowed: no recipe was ever searched for this CPU's kernels; a candidate: its class served FP32 all along
     if miss and (borrowed or slow_here or candidate):
         tmp.unlink()
-        rep.update(recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+        rep.update(recipe=entry.recipe, recipe_summary=recipe.describe(), validation=metrics["validation"],
                    test=metrics["test"], speed=speed, missed_here=miss)
         if borrowed:
             return fall_back(f"the served recipe was searched on a {borrowed} CPU and misses here, on a "
@@ -190,10 +191,10 @@ def decide(kind, fp32: Path, form: str, entry: dict, out: Path, gates: Gates, re
                              f"misses here ({'; '.join(miss)}); FP32 serves")
         return fall_back(f"the served recipe holds its accuracy gates here but not its speed gate against FP32 on "
                          f"{variants[0]} ({'; '.join(miss)}): FP32 serves faster on this machine")
-    mark_recipe(tmp, entry["recipe"])
+    mark_recipe(tmp, entry.recipe)
     tmp.replace(out)
     rep.update(status="passed" if not miss else "failed", passed=not miss, served="int8", missed=miss,
-               recipe=entry["recipe"], recipe_summary=recipe.describe(), validation=metrics["validation"],
+               recipe=entry.recipe, recipe_summary=recipe.describe(), validation=metrics["validation"],
                test=metrics["test"], speed=speed, speed_variants=list(variants) if speed else None,
                int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(built.seconds, 1),
                judged_by=judged.by, sha256=built.digest)

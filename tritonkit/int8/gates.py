@@ -196,13 +196,13 @@ def of_floor(kind, form: str, floor: dict | None) -> Gates:
     return _make(kind, form, floor) if floor else absolute(kind, form)
 
 
-def for_entry(kind, fp32: Path, form: str, entry: dict, log: Callable[[str], None] = print) -> Gates:
+def for_entry(kind, fp32: Path, form: str, entry, log: Callable[[str], None] = print) -> Gates:
     """The gates a recipe file's `entry` is judged by: its floor measured here where a judgement needs it
     (`for_form`); a fallback proves nothing against a floor, so the one its search recorded stands (a budget-cut
     search has none)."""
-    if entry.get("recipe") is not None:
-        return for_form(kind, fp32, form, entry.get("floor"), log=log)
-    return of_floor(kind, form, entry.get("floor") or None)
+    if entry.recipe is not None:
+        return for_form(kind, fp32, form, entry.floor, log=log)
+    return of_floor(kind, form, entry.floor or None)
 
 
 def deferrable(kind) -> bool:

@@ -33,15 +33,16 @@ from tritonkit.int8.judge import Judgement
 from tritonkit.int8.recipe import (
     FALLBACK,
     FORMS,
+    Entry,
+    RecipeFile,
     committed_candidate,
-    committed_recipes,
-    load_recipes,
     params_origin,
     params_path,
     recipe_digest,
     recipe_path,
     search_command,
 )
+from tritonkit.int8.recipe import read as read_recipes
 from tritonkit.int8.recipe import write as write_recipes
 from tritonkit.int8.records import ProbeTimings, Recipe, SearchResult
 from tritonkit.serving.runtimes import MIN_GAIN
@@ -81,27 +82,28 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
 
     budget, facts = budget or Budget(), facts or FP32Facts(kind, fp32)
     searched_forms: dict[str, Searched] = {}
-    data = load_recipes(kind)
-    if data is None and not (search or search_if_missing):
+    recipes = read_recipes(kind)
+    if recipes is None and not (search or search_if_missing):
         raise GateError(f"{kind.NAME}: no committed INT8 recipe ({paths.rel(recipe_path(kind))}); run "
                         f"`{search_command(kind)}` (minutes) and commit the file it writes")
-    searched = search or data is None
+    searched = search or recipes is None
     if searched:
-        if data is None:
+        if recipes is None:
             _log(f"{kind.NAME}: no committed recipe ({paths.rel(recipe_path(kind))}): searching")
         only = only if search else None
         against = variants[0]
         if only in (None, "served"):  # the served gate races FP32 as the INT8 name would serve it
             against = fp32_competitor(kind, fp32, variants[0], MIN_GAIN, log=_log)[0]
         searching = budget.less(AFTER_SEARCH_SHARE * budget.seconds) if budget.bounded else budget
-        data, searched_forms = search_forms(kind, fp32, progress, searching, only, (against, variants[1]), fresh,
+        recipes, searched_forms = search_forms(kind, fp32, progress, searching, only, (against, variants[1]), fresh,
                                             facts)
         force = True
     outcomes = []
     for form, (out, stage) in outputs(kind).items():
         if form not in forms:
             continue
-        extra = json.dumps([data[form], envinfo.fingerprint(), variants], sort_keys=True) + form + fp32.name
+        entry = recipes.resolved(form)
+        extra = json.dumps([entry.to_json(), envinfo.fingerprint(), variants], sort_keys=True) + form + fp32.name
         stamp = fingerprint.stage(kind, "int8", extra)
         rep = report.report_path(kind, form)
         if not force and fingerprint.up_to_date(out, kind.NAME, stage, stamp) and rep.exists():
@@ -111,11 +113,10 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
             continue
         _log(f"{kind.NAME}: {form} INT8 from {paths.rel(recipe_path(kind))} → {paths.rel(out)}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        entry = data[form]
         done = searched_forms.get(form)  # judged by its search in this build: its gates and judgement, in memory
         form_gates = done.gates if done else gates.for_entry(kind, fp32, form, entry, log=_log)
-        outcome = decide.replay(kind, fp32, form, data, out, form_gates, progress, variants,
-                                done.judgement if done else None)
+        outcome = decide.replay(kind, fp32, form, entry, out, form_gates, progress, variants,
+                                done.judgement if done else None, recipes.env)
         outcomes.append(outcome)
         if form == "served":
             _prove_here(kind, entry, outcome, decide.replay_variants(variants, entry)[1])
@@ -126,14 +127,14 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
     return outcomes, searched
 
 
-def _prove_here(kind, entry: dict, outcome: Outcome, int8_variant: str) -> None:
+def _prove_here(kind, entry: Entry, outcome: Outcome, int8_variant: str) -> None:
     """Keep this machine's proof of a donor class's recipe (tritonkit.int8.proof); none where the class has its own
     entry, or where the replay failed."""
-    donor = entry.get("borrowed_from")
+    donor = entry.borrowed_from
     if not donor or outcome.status == "failed":
         proof.forget(kind)
         return
-    made = proof.write(kind, donor, outcome.status, outcome.reason, entry.get("recipe"), int8_variant, outcome.path)
+    made = proof.write(kind, donor, outcome.status, outcome.reason, entry.recipe, int8_variant, outcome.path)
     what = "INT8" if made.status == "passed" else "FP32"
     _log(f"{kind.NAME}: proof for this {made.cpu_class} CPU -> {paths.rel(proof.path(kind))}: the {donor} recipe, "
          f"judged here, serves {what} on this machine (`make serve`, `make demo`); committed views keep FP32")
@@ -195,10 +196,10 @@ def speed_probe(kind, fp32: Path, forms, workspace: Workspace, speed_variants: t
 
 def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None = None, only: str | None = None,
                  speed_variants: tuple[str, str] = ("onnxruntime", "onnxruntime"), fresh: bool = False,
-                 facts: FP32Facts | None = None) -> tuple[dict, dict[str, Searched]]:
+                 facts: FP32Facts | None = None) -> tuple[RecipeFile, dict[str, Searched]]:
     """Search both forms (or `only` one, keeping the other's committed recipe and log) within `budget`; write the
-    recipe file, the quantization parameters and the full search report; returns the recipe data resolved for this
-    CPU and, per searched form, what its replay reuses (`Searched`: its gates and its found recipe's judgement,
+    recipe file, the quantization parameters and the full search report; returns the recipe file as written and, per
+    searched form, what its replay reuses (`Searched`: its gates and its found recipe's judgement,
     also kept by tritonkit.int8.judge for later builds). `speed_variants`: the runtime variants that serve the FP32
     and INT8 models here, which the speed gate times. Each form judges its committed candidate first
     (steps.committed_first) unless `fresh`."""
@@ -207,25 +208,29 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
 
     t0, budget, facts = time.perf_counter(), budget or Budget(), facts or FP32Facts(kind, fp32)
     searched: dict[str, Searched] = {}
-    out: dict = {"model": kind.EXPORT.name, "created": time.strftime("%Y-%m-%d"), "env": envinfo.fingerprint()}
+    out = RecipeFile(kind.EXPORT.name, time.strftime("%Y-%m-%d"), envinfo.fingerprint(),
+                     keys=("model", "created", "env", "search_seconds", *FORMS))
     full: dict = {}
     cpu = envinfo.int8_class()
-    committed = committed_recipes(kind) or {}
-    others = {c: e for c, e in committed.get("served", {}).items() if c != cpu}
+    committed = read_recipes(kind)
+    others = {c: e for c, e in (committed or RecipeFile()).served.items() if c != cpu}
     if others:
         _log(f"{kind.NAME}: keeping the served recipes of other CPU INT8 classes ({', '.join(others)}); this CPU "
              f"is {cpu} (re-search those on such a CPU after a model, data or dependency change)")
     if only is not None:
         if only not in FORMS:
             raise GateError(f"form: '{only}' is not one of {', '.join(FORMS)}")
-        kept, log = committed or None, report.REPORTS / f"{kind.NAME}_int8_search.json"
-        if kept is None:
+        log = report.REPORTS / f"{kind.NAME}_int8_search.json"
+        if committed is None:
             raise GateError(f"form: searching only '{only}' needs a committed recipe for the other form "
                             f"({paths.rel(recipe_path(kind))}); run `{search_command(kind)}` first")
         old = json.loads(log.read_text()).get("search", {}) if log.exists() else {}
         for form in FORMS:
             if form != only:  # kept as committed, with the environment that searched it
-                out[form] = kept[form] if form == "served" else {"env": kept.get("env", {}), **kept[form]}
+                if form == "served":
+                    out.served = committed.served
+                else:
+                    out.tensorrt = committed.tensorrt.searched_env_first(committed.env)
                 if form in old:
                     full[form] = old[form]
     source = file_digest(fp32)
@@ -237,7 +242,7 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             if only is not None and form != only:
                 continue
             _log(f"{kind.NAME}: searching the {form} form ({'/'.join(forms)})")
-            own = committed.get(form, {}).get(cpu) if form == "served" else committed.get(form)
+            own = None if committed is None else committed.served.get(cpu) if form == "served" else committed.tensorrt
             candidate = None if fresh else committed_candidate(kind, form, own, fp32, source)
             result, probed = None, None
             # The form's gates, once: the probe's speed gate, the search's and the replay's; a floor waits for a
@@ -265,9 +270,9 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
             kept = result.recipe or (Recipe.from_json(result.accurate["recipe"]) if result.accurate else None)
             if kept is not None:
                 saved = searcher.builder.quant_params(kept, recipe_digest(kept.to_json()), params_origin(kind),
-                                                      source).save(params_path(kind, form, {"class": cpu}))
+                                                      source).save(params_path(kind, form, cpu))
                 _log(f"{kind.NAME} {form}: quantization parameters -> {paths.rel(saved)} (commit it)")
-            elif (stale := params_path(kind, form, {"class": cpu})).exists():  # an earlier recipe's: unread now
+            elif (stale := params_path(kind, form, cpu)).exists():  # an earlier recipe's: unread now
                 stale.unlink()
                 _log(f"{kind.NAME} {form}: removed {paths.rel(stale)} (no recipe to replay)")
             judged = None
@@ -277,29 +282,27 @@ def search_forms(kind, fp32: Path, progress: bool = True, budget: Budget | None 
                     result.speed if form == "served" else {},
                     [speed_variants[0], result.int8_variant] if form == "served" else [], by="search"))
             searched[form] = Searched(form_gates, judged)
-            entry = {
-                "recipe": result.recipe.to_json() if result.recipe else None,
+            entry = Entry.made(
+                recipe=result.recipe.to_json() if result.recipe else None,
                 **({"speed_against": speed_variants[0]} if form == "served" else {}),
                 **({"int8_variant": result.int8_variant} if result.int8_variant else {}),
-                "status": "passed" if result.passed else FALLBACK,
-                "reason": result.reason,
-                "search_seconds": result.seconds,
-                "validation": result.validation,
-                "test": result.test,
-                "floor": form_gates.floor,
-                **({"accurate": result.accurate} if result.accurate else {}),
-                "env": envinfo.fingerprint(),
-            }
+                status="passed" if result.passed else FALLBACK, reason=result.reason,
+                search_seconds=result.seconds, validation=result.validation, test=result.test,
+                floor=form_gates.floor, **({"accurate": result.accurate} if result.accurate else {}),
+                env=envinfo.fingerprint())
             # The served form runs on this CPU's INT8 kernels: one entry per class. TensorRT's runs on a GPU.
-            out[form] = {**others, cpu: entry} if form == "served" else entry
+            if form == "served":
+                out.served = {**others, cpu: entry}
+            else:
+                out.tensorrt = entry
             found = f"recipe {result.recipe.describe()}" if result.recipe else f"FAILED: {result.reason}"
             _log(f"{kind.NAME} {form}: {found} ({result.seconds:.0f} s)")
     finally:
         workspace.close()
-    out["search_seconds"] = round(time.perf_counter() - t0, 1)  # forms in FORMS order, whichever was searched
+    out.search_seconds = round(time.perf_counter() - t0, 1)
     path = write_recipes(kind, out)
-    write_json(report.REPORTS / f"{kind.NAME}_int8_search.json", {**out, "search": full})
+    write_json(report.REPORTS / f"{kind.NAME}_int8_search.json", {**out.to_json(), "search": full})
     _log(f"{kind.NAME}: recipe -> {paths.rel(path)} (commit it); search log -> "
          f"build/reports/{kind.NAME}_int8_search.json")
-    return load_recipes(kind), searched
+    return out, searched
 

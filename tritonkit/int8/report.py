@@ -74,7 +74,8 @@ def served_label(name: str) -> str:
     if report.exists():
         status = json.loads(report.read_text()).get("status")
     else:
-        status = (load_recipes(kind) or {}).get("served", {}).get("status")
+        served = (load_recipes(kind) or {}).get("served")
+        status = served.status if served else None
     return "FP32 fallback" if status == FALLBACK else "INT8"
 
 

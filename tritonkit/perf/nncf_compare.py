@@ -176,11 +176,11 @@ def compare(name: str, budget_s: float, log=print, only: Sequence[str] | None = 
     fp32 = paths.model_file(kind.FP32_MODEL)
     ours = paths.model_file(kind.INT8_MODEL)
     report = json.loads(report_path(kind).read_text()) if report_path(kind).exists() else {}
-    committed = (recipe.load_recipes(kind) or {}).get("served", {})
+    committed = (recipe.load_recipes(kind) or {}).get("served")
     made = candidates(kind, fp32, budget_s, log, only)
     rows: dict[str, dict] = {"fp32": {"path": str(fp32)}}
     if report.get("status") == "passed":
-        rows["ours"] = {"path": str(ours), "seconds": committed.get("search_seconds"),
+        rows["ours"] = {"path": str(ours), "seconds": committed.search_seconds if committed else None,
                         "recipe": report.get("recipe_summary")}
     rows.update(made)
     refs = {split: (b, run_batches(session(fp32), b)) for split in ("validation", "test")

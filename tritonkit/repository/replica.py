@@ -229,10 +229,10 @@ def _option(configs: dict[str, str], **facts) -> dict:
 
 
 def _recorded(kind, recipes: dict, runtimes: dict, cpu: str, model: str, gated: bool
-              ) -> tuple[dict, str | None, str | None]:
+              ) -> tuple[object, str | None, str | None]:
     """(served recipe entry, runtime variant, why not) that `cpu`'s own records give `model` (gated: an INT8-named
     model, which needs that class's own INT8 search too)."""
-    served = recipes.get(cpu) or {}
+    served = recipes.get(cpu)  # a tritonkit.int8.recipe.Entry, or None
     variant = runtimes.get(cpu, {}).get("models", {}).get(model, {}).get("runtime")
     if gated and not served:
         return served, variant, f"no INT8 search ran on CPU class {cpu} (models/{kind.NAME}.int8.json)"
@@ -247,12 +247,12 @@ def int8_classes(kind) -> dict[str, str]:
     from tritonkit.int8 import recipe
     from tritonkit.repository import runtime_choice
 
-    recipes = (recipe.committed_recipes(kind) or {}).get("served") or {}
+    recipes = (recipe.read(kind) or recipe.RecipeFile()).served
     runtimes = runtime_choice.load(kind)["classes"]
     out = {}
     for cpu in sorted(recipes):
         served, variant, missing = _recorded(kind, recipes, runtimes, cpu, kind.INT8_MODEL, True)
-        if not missing and served.get("status") == "passed":
+        if not missing and served.status == "passed":
             out[cpu] = variant
     return out
 
@@ -262,6 +262,7 @@ def _local(kind, repository: Path, recipes: dict, runtimes: dict) -> tuple[dict,
     class has no committed served entry and the proof speaks for the repository's INT8 file; and its file."""
     from tritonkit import envinfo
     from tritonkit.int8 import proof as proofs
+    from tritonkit.int8.recipe import Entry
 
     cpu = envinfo.int8_class()
     if cpu in recipes:
@@ -269,7 +270,7 @@ def _local(kind, repository: Path, recipes: dict, runtimes: dict) -> tuple[dict,
     made, _ = proofs.valid(kind, Path(repository) / kind.INT8_MODEL / "1" / "model.onnx")
     if made is None:
         return recipes, runtimes, None
-    recipes = {**recipes, cpu: {"recipe": made.recipe, "status": made.status}}
+    recipes = {**recipes, cpu: Entry(made.recipe, made.status)}
     models = {**runtimes.get(cpu, {}).get("models", {}), kind.INT8_MODEL: {"runtime": made.variant}}
     return recipes, {**runtimes, cpu: {**runtimes.get(cpu, {}), "models": models}}, str(proofs.path(kind))
 
@@ -285,8 +286,8 @@ def record(kinds: list, repository: Path, native=None, local: bool = False) -> d
     repository = Path(repository)
     models: dict[str, dict] = {}
     for kind in kinds:
-        recipes = (recipe.committed_recipes(kind) or {}).get("served") or {}
-        runtimes = runtime_choice.load(kind)["classes"]
+        committed = (recipe.read(kind) or recipe.RecipeFile()).served
+        recipes, runtimes = committed, runtime_choice.load(kind)["classes"]
         proven_here = None
         if local:
             recipes, runtimes, proven_here = _local(kind, repository, recipes, runtimes)
@@ -302,25 +303,25 @@ def record(kinds: list, repository: Path, native=None, local: bool = False) -> d
             classes: dict[str, dict] = {}
             for cpu in sorted(set(recipes) | set(runtimes)):
                 served, variant, missing = _recorded(kind, recipes, runtimes, cpu, measured, role != "fp32")
-                if not missing and role != "fp32" and served.get("status") == "passed" and \
-                        recipe.recipe_digest(served.get("recipe")) != built_with:
+                if not missing and role != "fp32" and served.status == "passed" and \
+                        recipe.recipe_digest(served.recipe) != built_with:
                     missing = (f"the INT8 file here was not built from the recipe proven on {cpu} ({where}.int8.json;"
                                f" `make build MODEL={kind.NAME}` on such a CPU builds it)")
                 if missing:
                     classes[cpu] = {"missing": missing}
                     continue
-                int8 = role != "fp32" and served.get("status") == "passed"
+                int8 = role != "fp32" and served.status == "passed"
                 onnx_from = (kind.INT8_MODEL if int8 else kind.FP32_MODEL) if role == "fused" else None
                 classes[cpu] = _option(_render(kind, folder, variant, onnx_from, native), embedded=native is None,
                                        variant=variant, needs_bf16=needs_bf16(variant),
-                                       status=None if role == "fp32" else served.get("status"),
+                                       status=None if role == "fp32" else served.status,
                                        files_from=model if int8 or role == "fp32" else fp32_files,
                                        **({"proven_here": proven_here} if proven_here and role != "fp32" and
-                                          cpu not in (recipe.committed_recipes(kind) or {}).get("served", {})
+                                          cpu not in committed
                                           else {}))
                 candidate = recipe.without_bf16(served) if role != "fp32" and not int8 else None
                 if needs_bf16(variant) and (int8 or candidate is not None):
-                    built = int8 or recipe.recipe_digest(candidate["recipe"]) == built_with
+                    built = int8 or recipe.recipe_digest(candidate.recipe) == built_with
                     classes[cpu]["without_bf16"] = _without_bf16(kind, folder, model, role, variant, native, cpu, built)
             fallback = _render(kind, folder, DEFAULT, kind.FP32_MODEL if role == "fused" else None, native)
             models[model] = {"spec": kind.NAME, "role": role, "classes": classes,

@@ -312,8 +312,8 @@ def source_digest(kind, gated: bool, cpu_class: str) -> str:
     although they serve the same."""
     from tritonkit.int8 import recipe
 
-    entry = ((recipe.committed_recipes(kind) or {}).get("served") or {}).get(cpu_class) or {} if gated else {}
-    served = [entry.get("recipe"), entry.get("status")]
+    entry = (recipe.read(kind) or recipe.RecipeFile()).served.get(cpu_class) if gated else None
+    served = [entry.recipe, entry.status] if entry else [None, None]
     blob = json.dumps([kind.spec.file.read_text(), served, envinfo.versions()], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
