@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tritonkit.serving.batching import length_buckets
+from tritonkit.serving.batching import length_buckets, right_padded_lengths, run_in_buckets
 
 
 def _padding(lengths, rows, run) -> tuple[int, int]:
@@ -40,3 +40,21 @@ def test_a_looser_limit_never_makes_more_runs():
     lengths = np.random.default_rng(1).integers(1, 257, 100).tolist()
     counts = [len(length_buckets(lengths, None, m)) for m in (0.0, 0.1, 0.25, 0.5, 0.9)]
     assert counts == sorted(counts, reverse=True) and counts[-1] < counts[0]
+
+
+def test_run_in_buckets_puts_every_rows_output_back_in_row_order():
+    lengths = [7, 1, 30, 2, 29, 8]
+    seen: list[list[int]] = []
+
+    def run(rows):
+        seen.append(list(rows))
+        return [np.array([[lengths[i] * 10] for i in rows]), np.array(rows)]
+
+    (values, rows), runs = run_in_buckets(lengths, 0.25, run)
+    assert values[:, 0].tolist() == [n * 10 for n in lengths] and rows.tolist() == list(range(len(lengths)))
+    assert runs == len(seen) > 1 and sorted(i for r in seen for i in r) == list(range(len(lengths)))
+
+
+def test_right_padded_lengths_end_at_the_last_unmasked_slot():
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]])
+    assert right_padded_lengths(mask).tolist() == [2, 4, 1, 3]

@@ -21,6 +21,7 @@ from tests.support.backend_support import (
     counters,
     lookup_model,
 )
+from tests.support.tiny_models import masked_rows_model
 from tritonkit import paths
 from tritonkit.perf import stats
 from tritonkit.repository.config import DynamicBatching, ModelSpec, Tensor
@@ -132,3 +133,44 @@ def test_token_ids_past_the_vocabulary_sent_to_the_encoder_are_client_errors(enc
         assert infer([101, 7592, 102]).shape == (1, 384)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def rows_server(start_server, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("rows_repo")
+    masked_rows_model(repo / "rows" / "1" / "model.onnx")
+    ModelSpec(
+        name="rows", backend="onnxruntime", max_batch_size=64,
+        inputs=[Tensor(n, "INT64", [-1], allow_ragged_batch=True) for n in ("input_ids", "attention_mask")],
+        outputs=[Tensor("TOTAL", "FP32", [1]), Tensor("SEEN_LEN", "FP32", [1])],
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=1000),
+        parameters={"ragged_max_padding": "0.25", "intra_op_thread_count": "1"},
+    ).write(repo)
+    return start_server(repo)
+
+
+def test_rows_of_one_request_run_in_length_buckets_of_their_own(rows_server):
+    """A reranker's request holds documents of many lengths, right-padded to its longest: each row runs cut to its
+    bucket's longest, and every row's answer is the one the whole padded request gives."""
+    lengths = [2, 3, 10, 9, 1]
+    ids = np.zeros((len(lengths), 10), np.int64)
+    mask = np.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = np.arange(1, n + 1) * (r + 1)
+        mask[r, :n] = 1
+    client = httpclient.InferenceServerClient(rows_server.http_url)
+    try:
+        inputs = []
+        for name, array in (("input_ids", ids), ("attention_mask", mask)):
+            inputs.append(httpclient.InferInput(name, list(array.shape), "INT64"))
+            inputs[-1].set_data_from_numpy(array)
+        before = counters(rows_server, "rows")
+        result = client.infer("rows", inputs)
+        after = counters(rows_server, "rows")
+    finally:
+        client.close()
+    np.testing.assert_array_equal(result.as_numpy("TOTAL")[:, 0], (ids * mask).sum(1))
+    seen = result.as_numpy("SEEN_LEN")[:, 0]
+    assert seen.tolist() == [2, 3, 10, 10, 2], seen  # runs (1, 2), (3), (9, 10): each within 25 % padding
+    assert after["session_runs"] - before["session_runs"] == 3
+    assert after["padding_elements"] - before["padding_elements"] == 2 * (1 + 1)

@@ -68,6 +68,14 @@ def linear_model(path: Path) -> Path:
     return _save(graph, path)
 
 
+def _length_inits() -> list[onnx.TensorProto]:
+    """Constants of a sum over axis 1 and of `_ones_and_count(..., 1, "l")`."""
+    return [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+            numpy_helper.from_array(np.array(1, np.float32), "one"),
+            numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+            numpy_helper.from_array(np.array([1], np.int64), "l_axes")]
+
+
 def ragged_model(path: Path) -> Path:
     """TOTAL = sum over the (padded) sequence; SEEN_LEN = padded length of the run, per row."""
     nodes = [
@@ -75,15 +83,35 @@ def ragged_model(path: Path) -> Path:
         *_ones_and_count("TOKENS", 1, "l"),
     ]
     nodes.append(helper.make_node("Identity", ["l_sum"], ["SEEN_LEN"]))
-    inits = [
-        numpy_helper.from_array(np.array(0, np.float32), "zero"),
-        numpy_helper.from_array(np.array(1, np.float32), "one"),
-        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
-        numpy_helper.from_array(np.array([1], np.int64), "l_axes"),
-    ]
+    inits = _length_inits()
     graph = helper.make_graph(
         nodes, "ragged",
         [helper.make_tensor_value_info("TOKENS", TensorProto.FLOAT, ["batch", "seq"])],
+        [
+            helper.make_tensor_value_info("TOTAL", TensorProto.FLOAT, ["batch", 1]),
+            helper.make_tensor_value_info("SEEN_LEN", TensorProto.FLOAT, ["batch", 1]),
+        ],
+        inits,
+    )
+    return _save(graph, path)
+
+
+def masked_rows_model(path: Path) -> Path:
+    """A text model's inputs (input_ids, attention_mask): TOTAL = sum of the unmasked ids, SEEN_LEN = padded length
+    of the run, one value per row."""
+    nodes = [
+        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+        helper.make_node("Cast", ["kept"], ["kept_f"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["kept_f", "ax1"], ["TOTAL"], keepdims=1),
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        *_ones_and_count("mask_f", 1, "l"),
+        helper.make_node("Identity", ["l_sum"], ["SEEN_LEN"]),
+    ]
+    inits = _length_inits()
+    graph = helper.make_graph(
+        nodes, "masked_rows",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+         for n in ("input_ids", "attention_mask")],
         [
             helper.make_tensor_value_info("TOTAL", TensorProto.FLOAT, ["batch", 1]),
             helper.make_tensor_value_info("SEEN_LEN", TensorProto.FLOAT, ["batch", 1]),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def length_buckets(lengths: Sequence[int], rows: Sequence[int] | None = None,
                    max_padding: float | None = None) -> list[list[int]]:
@@ -37,3 +39,24 @@ def length_buckets(lengths: Sequence[int], rows: Sequence[int] | None = None,
         runs[-1].append(i)
         real, count = new_real, new_count
     return runs
+
+
+def run_in_buckets(lengths: Sequence[int], max_padding: float | None, run) -> tuple[list[np.ndarray], int]:
+    """Every output of `run(rows)` (the graph over those row indices, padded to their longest) for all rows, in row
+    order, over length_buckets of single rows; and the number of runs."""
+    buckets = length_buckets(lengths, None, max_padding)
+    out: list[np.ndarray] | None = None
+    for rows in buckets:
+        results = run(rows)
+        if out is None:
+            out = [np.empty((len(lengths), *r.shape[1:]), dtype=r.dtype) for r in results]
+        for whole, part in zip(out, results):
+            whole[rows] = part
+    return out, len(buckets)
+
+
+def right_padded_lengths(mask: np.ndarray) -> np.ndarray:
+    """Each row's length up to its last unmasked slot (at least 1), so cutting a row there drops padding only."""
+    seen = mask != 0
+    last = mask.shape[1] - np.argmax(seen[:, ::-1], axis=1)
+    return np.where(seen.any(axis=1), last, 1)

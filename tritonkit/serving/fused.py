@@ -23,7 +23,7 @@ import triton_python_backend_utils as pb_utils
 from tritonkit.errors import ConfigError
 from tritonkit.serving import packing, textproc
 from tritonkit.serving.backend_utils import announce_precision, error_response, ort_metrics, param
-from tritonkit.serving.batching import length_buckets
+from tritonkit.serving.batching import run_in_buckets
 from tritonkit.serving.runtimes import open_runner, static_shapes
 
 
@@ -87,15 +87,17 @@ class TritonPythonModel:
             runs, fed, useful, out = 1, feeds["input_ids"].size, sum(len(e.ids) for e in encodings), results[0]
         else:
             lengths = [len(e.ids) for e in encodings]
-            buckets = length_buckets(lengths, None, self.max_padding)
-            out = np.empty((len(lengths), self.dim), dtype=np.float32)
-            runs, fed, useful, released = len(buckets), 0, 2 * sum(lengths), False
-            for rows in buckets:
+            fed, useful, released = 0, 2 * sum(lengths), False
+
+            def run(rows: list[int]) -> list[np.ndarray]:
+                nonlocal fed, released
                 ids, mask = textproc.pad([encodings[i] for i in rows])
                 results, freed = self.session.run(["embedding"], {"input_ids": ids, "attention_mask": mask}, len(rows))
-                out[rows] = results[0]
                 released |= freed
                 fed += 2 * ids.size
+                return results
+
+            (out,), runs = run_in_buckets(lengths, self.max_padding, run)
         if count:
             self._counters.add("arena_releases", int(released))
             self._counters.add("session_runs", runs)

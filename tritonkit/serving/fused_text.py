@@ -23,7 +23,7 @@ import triton_python_backend_utils as pb_utils
 from tritonkit.errors import ConfigError
 from tritonkit.serving import textproc
 from tritonkit.serving.backend_utils import announce_precision, error_response, ort_metrics, param
-from tritonkit.serving.batching import length_buckets
+from tritonkit.serving.batching import run_in_buckets
 from tritonkit.serving.runtimes import open_runner
 
 EXTRAS = ("num_tokens", "truncated")
@@ -73,21 +73,20 @@ class TritonPythonModel:
     def _run(self, encodings: list, count: bool = True) -> list[np.ndarray]:
         """Every output of the graph for `encodings`, rows in their order, in length buckets."""
         lengths = [len(e.ids) for e in encodings]
-        buckets = length_buckets(lengths, None, self.max_padding)
-        out: list[np.ndarray] | None = None
         fed, released = 0, False
-        for rows in buckets:
+
+        def run(rows: list[int]) -> list[np.ndarray]:
+            nonlocal fed, released
             feeds = self._feeds([encodings[i] for i in rows])
             results, freed = self.session.run(self.outputs, feeds, len(rows))
-            if out is None:
-                out = [np.empty((len(lengths), *r.shape[1:]), dtype=r.dtype) for r in results]
-            for whole, part in zip(out, results):
-                whole[rows] = part
             released |= freed
             fed += feeds["input_ids"].size
+            return results
+
+        out, runs = run_in_buckets(lengths, self.max_padding, run)
         if count:
             self._counters.add("arena_releases", int(released))
-            self._counters.add("session_runs", len(buckets))
+            self._counters.add("session_runs", runs)
             self._counters.add("input_elements", fed)
             self._counters.add("padding_elements", fed - sum(lengths))
         return out

@@ -23,7 +23,9 @@ Config `parameters` (string values), same keys as the native backend where one e
   ragged_max_padding                              split a ragged batch into length buckets so that padding is
                                                   at most this fraction of each run's elements
                                                   (tritonkit.serving.batching; default: one run per execute(),
-                                                  padded to the longest)
+                                                  padded to the longest); buckets of rows, by their
+                                                  attention_mask, where each output is one value per row,
+                                                  else of whole requests
   packed_model                                    a text encoder's packed form (tritonkit.serving.packing), in the
                                                   version directory: each execute() runs its texts end to end in rows,
                                                   no padding, one run; the config's inputs stay input_ids +
@@ -63,7 +65,7 @@ from tritonkit.serving.backend_utils import (
     param,
     usable_cpus,
 )
-from tritonkit.serving.batching import length_buckets
+from tritonkit.serving.batching import length_buckets, right_padded_lengths, run_in_buckets
 from tritonkit.serving.runtimes import open_runner, static_shapes
 
 
@@ -113,6 +115,13 @@ class OnnxModel:
         self.outputs = [
             (cfg["name"], pb_utils.triton_string_to_numpy(cfg["data_type"])) for cfg in self.config["output"]
         ]
+        # Rows of one request differ in length too (a reranker's 20 documents): bucket rows, not requests, where
+        # each row's length is its attention_mask's and every output is one fixed-shape value per row.
+        ragged = [s for s in self.inputs if s["ragged"]]
+        self.row_buckets = (self.max_padding is not None and self.max_batch_size > 0
+                            and any(s["name"] == "attention_mask" for s in ragged)
+                            and all(s["dims"] == [-1] for s in ragged)
+                            and all(-1 not in [int(d) for d in cfg["dims"]] for cfg in self.config["output"]))
         session_inputs = self.session.input_names
         for spec in self.inputs:
             if spec["name"] not in session_inputs:
@@ -262,11 +271,14 @@ class OnnxModel:
         if retry:
             self._counters.add("retried_runs", 1)
         try:
-            results, released = session.run([name for name, _ in self.outputs], merged, rows)
+            if self.row_buckets and self.packed is None and rows > 1:
+                results, released, runs, total, padding = self._run_rows(merged)
+            else:
+                (results, released), runs = session.run([name for name, _ in self.outputs], merged, rows), 1
         except Exception:
             self._counters.add("failed_runs", 1)
             raise
-        self._counters.add("session_runs", 1)
+        self._counters.add("session_runs", runs)
         self._counters.add("arena_releases", int(released))
         self._counters.add("batched_requests", len(feeds_list))
         self._counters.add("input_elements", total)
@@ -279,6 +291,26 @@ class OnnxModel:
             per_request.append([r[start : start + n] for r in results])
             start += n
         return per_request
+
+    def _run_rows(self, merged: dict[str, np.ndarray]) -> tuple[list[np.ndarray], bool, int, int, int]:
+        """The batch's rows in length buckets, each ragged input cut to its bucket's longest row: (outputs in row
+        order, arena released, runs, elements fed, padding fed)."""
+        lengths = right_padded_lengths(merged["attention_mask"])
+        ragged = {s["name"] for s in self.inputs if s["ragged"]}
+        fed, released = 0, False
+
+        def run(rows: list[int]) -> list[np.ndarray]:
+            nonlocal fed, released
+            width = int(lengths[rows].max())
+            feeds = {n: a[rows, :width] if n in ragged else a[rows] for n, a in merged.items()}
+            results, freed = self.session.run([name for name, _ in self.outputs], feeds, len(rows))
+            released |= freed
+            fed += sum(a.size for a in feeds.values())
+            return results
+
+        results, runs = run_in_buckets(lengths.tolist(), self.max_padding, run)
+        useful = sum(int(lengths.sum()) if n in ragged else a.size for n, a in merged.items())
+        return results, released, runs, fed, fed - useful
 
     def _respond(self, outputs: list[np.ndarray]):
         tensors = [
@@ -316,7 +348,7 @@ class OnnxModel:
         if self.max_batch_size == 0:  # no batch axis, nothing to merge: one run per request
             return [[g] for g in good]
         ragged = [s["name"] for s in self.inputs if s["ragged"]]
-        if self.packed is not None or self.max_padding is None or not ragged or len(good) < 2:
+        if self.packed is not None or self.max_padding is None or not ragged or len(good) < 2 or self.row_buckets:
             return [good]
         # A request's length: its widest ragged input (all ragged inputs of a text model share the length).
         lengths = [max(int(np.prod(f[n].shape[1:])) for n in ragged if n in f) for _, f in good]
