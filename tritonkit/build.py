@@ -26,10 +26,9 @@ from pathlib import Path
 from tritonkit import fingerprint, kinds, paths
 from tritonkit.int8 import pipeline
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, DEFAULT_BUDGET_S, Budget
-from tritonkit.int8.decide import Outcome
+from tritonkit.int8.decide import Outcome, write_report
 from tritonkit.int8.facts import FP32Facts
 from tritonkit.int8.recipe import FALLBACK, FORMS
-from tritonkit.int8.report import refresh_floor
 
 REPORTS = paths.REPORTS
 
@@ -180,17 +179,18 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
                                     search_form=search_form, forms=forms, started=t0, fresh=fresh, facts=facts)
     served = next(o for o in outcomes if o.form == "served")
     trt = next((o for o in outcomes if o.form == "tensorrt"), None)
-    build_packed(kind, served.path, fp32 if served.status == "passed" else None,
-                 twin=fp32 if served.status == FALLBACK else None, gates=served.gates)
     from tritonkit.repository import runtime_choice
 
     # A build that searched keeps its budget to the end: the runtime choice fits in what is left of it.
     budget = Budget.of(search_budget_s, start=t0) if searched else None
-    runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
-                          log=_log, budget=budget, gates=served.gates, facts=facts)
-    for outcome in outcomes:  # the packed proof or the runtime choice may have measured a floor a report deferred
-        if refresh_floor(kind, outcome.form, outcome.gates):
-            _log(f"{kind.NAME}: {outcome.form} form's report now shows the floor measured after it was written")
+    try:
+        build_packed(kind, served.path, fp32 if served.status == "passed" else None,
+                     twin=fp32 if served.status == FALLBACK else None, gates=served.gates)
+        runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
+                              log=_log, budget=budget, gates=served.gates, facts=facts)
+    finally:  # after the last judgement: the packed proof or the runtime choice may measure a floor a form deferred
+        for outcome in outcomes:
+            write_report(kind, outcome)
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
     if searched:

@@ -81,10 +81,11 @@ def test_a_deferred_floor_is_measured_once_and_only_where_the_absolute_bounds_ca
     assert measured == [1]  # once per build
 
 
-def test_a_report_written_before_its_floor_was_measured_shows_it_once_measured(tiny, tmp_path, monkeypatch):
-    """The report a replay writes says "not needed" while its gates' floor is deferred; when a later judgement of the
-    same build (the packed proof, the runtime choice) measures it, build.py's refresh rewrites the page with it."""
-    from tritonkit.int8 import report
+def test_a_report_is_written_with_the_floor_its_build_measured_last(tiny, tmp_path, monkeypatch):
+    """A replay's Outcome holds its report; the build writes it after its last judgement (decide.write_report): "not
+    needed" while its gates' floor is deferred, else the floor a later judgement of the same build (the packed proof,
+    the runtime choice) measured, with the bounds it set."""
+    from tritonkit.int8 import decide, report
 
     tiny, _ = tiny
     spec = _spec()
@@ -92,22 +93,21 @@ def test_a_report_written_before_its_floor_was_measured_shows_it_once_measured(t
     g = gates.for_form(spec, tiny, "tensorrt", log=lambda _m: None)
     rep = {"model": "tiny", "form": "tensorrt", "status": "passed", "created": "now", "recipe_file": "r.json",
            "recipe_summary": "int8-inputs-minmax", "test": {"cosine_min": 0.9999, "cosine_mean": 0.99999}}
-    report.write(spec, "tensorrt", {**rep, "floor": g.floor, "gates": g.rows(spec)})
-    assert not report.refresh_floor(spec, "tensorrt", g)  # still deferred: nothing to show yet
+    outcome = decide.Outcome("tensorrt", tmp_path / "q.onnx", "passed", [], gates=g, report=rep)
+    decide.write_report(spec, outcome)  # still deferred: nothing to show yet
     page = report.report_path(spec, "tensorrt").with_suffix(".md")
     assert "not needed" in page.read_text()
 
     half = floor.measure(spec, tiny, "fp16")
     assert g.holds("test", {"cosine_min": half["test"]["cosine_min"] - 0.001,
                             "cosine_mean": half["test"]["cosine_mean"]})  # only the floor decides: measured now
-    assert report.refresh_floor(spec, "tensorrt", g)
+    decide.write_report(spec, outcome)
     written = json.loads(report.report_path(spec, "tensorrt").read_text())
     assert gates.NOT_NEEDED not in written["floor"] and written["floor"]["test"] == half["test"]
     assert written["test"] == rep["test"]  # the rest of the report is as it was
     bounds = [row["test"] for row in written["gates"] if row["metric"] == "cosine_min"]
     assert bounds == [pytest.approx(half["test"]["cosine_min"] - spec.FLOOR_SLACK["cosine_min"], abs=1e-6)]
     assert "not needed" not in page.read_text()
-    assert not report.refresh_floor(spec, "tensorrt", g)  # once
 
 
 def test_gates_with_a_bound_at_its_maximum_measure_the_floor_up_front(tiny):

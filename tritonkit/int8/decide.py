@@ -1,10 +1,11 @@
 """Stages 3 to 5 of the INT8 stage for one form: build the recipe's graph, judge it, decide what serves.
 
-Takes the resolved recipe entry (tritonkit.int8.recipe.load_recipes: this CPU class's own, or a donor's), the form's
-`Gates` and the runtime variants that serve FP32 and INT8 here; returns an `Outcome` and writes the form's report
-(tritonkit.int8.report). The graph comes from the one builder (tritonkit.int8.builder), from the recipe's committed
-quantization parameters where they apply (no calibration pass); its judgement from tritonkit.int8.judge, which
-reuses the search's when the bytes are the ones it judged. What serves:
+Takes the resolved recipe entry (tritonkit.int8.recipe.RecipeFile.resolved: this CPU class's own, or a donor's), the
+form's `Gates` and the runtime variants that serve FP32 and INT8 here; returns an `Outcome` holding the form's report,
+which the build writes once its last judgement is done (`write_report`, tritonkit.int8.report). The graph comes
+from the one builder (tritonkit.int8.builder), from the recipe's committed quantization parameters where they apply
+(no calibration pass); its judgement from tritonkit.int8.judge, which reuses the search's when the bytes are the ones
+it judged. What serves:
 - INT8 where every gate holds;
 - FP32 under the INT8 name, loudly, where the search found nothing, where a donor class's recipe misses here, where
   only the speed gate misses on this machine, or where a CPU without native bf16 replays its class's candidate and
@@ -51,6 +52,16 @@ class Outcome:
     reason: str = ""  # why FP32 serves, for a fallback
     gates: Gates | None = None  # what it was judged by (the packed proof and the runtime choice reuse them)
     judgement: Judgement | None = None  # of the INT8 file written (None: FP32 serves, or up to date)
+    report: dict | None = None  # what its report says but the floor and bounds, which `write_report` adds last
+
+
+def write_report(kind, outcome: Outcome) -> None:
+    """`outcome`'s report (none where it was up to date), with the floor and bounds its gates hold now: written
+    after the build's last judgement, so the floor a later one measured (the packed proof, the runtime choice)
+    shows."""
+    if outcome.report is not None:
+        gates = outcome.gates
+        report.write(kind, outcome.form, {**outcome.report, "floor": gates.floor, "gates": gates.rows(kind)})
 
 
 def _log(msg: str) -> None:
@@ -145,7 +156,7 @@ def replay(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates | 
 def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, rep: dict, built: Built | None = None,
            judged: Judgement | None = None, variants: tuple[str, str] | None = None) -> Outcome:
     """Stage 5: what serves under the INT8 name, from the built graph's judgement against the form's gates; its
-    report written (`rep`: what it says besides). No graph built: the search found nothing, FP32 serves."""
+    report in the Outcome (`rep`: what it says besides). No graph built: the search found nothing, FP32 serves."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
 
     borrowed, here, candidate = entry.borrowed_from, envinfo.int8_class(), entry.without_bf16
@@ -155,15 +166,12 @@ def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, r
         rep["recipe_cpu"] = (f"the {here} search's accurate candidate, which lost its speed race to FP32 on "
                              f"{BF16_COMPETITOR} there; this CPU has no native bf16")
 
-    def write(**fields) -> None:  # the floor as the judgement left it: measured only where it was needed
-        report.write(kind, form, {**rep, **fields, "floor": gates.floor, "gates": gates.rows(kind)})
-
     def fall_back(reason: str) -> Outcome:
         write_fp32_fallback(fp32, out, reason)
-        write(status=FALLBACK, passed=False, served="fp32", reason=reason)
         report.loud(f"{kind.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
                     f"served under the INT8 model's name")
-        return Outcome(form, out, FALLBACK, [], reason, gates)
+        return Outcome(form, out, FALLBACK, [], reason, gates,
+                       report={**rep, "status": FALLBACK, "passed": False, "served": "fp32", "reason": reason})
 
     if built is None:
         return fall_back(entry.reason)
@@ -198,5 +206,4 @@ def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, r
                test=metrics["test"], speed=speed, speed_variants=list(variants) if speed else None,
                int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(built.seconds, 1),
                judged_by=judged.by, sha256=built.digest)
-    write()
-    return Outcome(form, out, rep["status"], miss, "", gates, judged)
+    return Outcome(form, out, rep["status"], miss, "", gates, judged, rep)

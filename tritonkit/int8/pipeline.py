@@ -8,9 +8,9 @@
 
 Takes the kind, its FP32 file, the runtime variants that serve FP32 and INT8 here, a `Budget` and the build's
 measured facts of the FP32 file; returns one `Outcome` per form (with the Gates and Judgement that the packed proof
-and the runtime choice reuse) and whether it searched. Nothing here calls back into the build: a searched form hands
-its Gates and Judgement to its replay in memory (`Searched`); disk keeps the recipe, the reports and the judgement
-cache for later builds.
+and the runtime choice reuse, and the report the build writes after them: decide.write_report) and whether it
+searched. Nothing here calls back into the build: a searched form hands its Gates and Judgement to its replay in
+memory (`Searched`); disk keeps the recipe, the reports and the judgement cache for later builds.
 """
 
 from __future__ import annotations

@@ -48,22 +48,6 @@ def write(kind, form: str, report: dict) -> None:
     print(render_markdown(report), flush=True)
 
 
-def refresh_floor(kind, form: str, gates) -> bool:
-    """Rewrite `form`'s report where it says its floor was not needed but a later judgement of the same build (the
-    packed proof, the runtime choice's accuracy check) measured it through the same `gates`: the page then shows
-    the floor and the bounds that judgement used. True where it rewrote."""
-    from tritonkit.int8.gates import NOT_NEEDED
-
-    path = report_path(kind, form)
-    if gates is None or gates.deferred or NOT_NEEDED in gates.floor or not path.exists():
-        return False
-    rep = json.loads(path.read_text())
-    if NOT_NEEDED not in (rep.get("floor") or {}):
-        return False
-    write(kind, form, {**rep, "floor": gates.floor, "gates": gates.rows(kind)})
-    return True
-
-
 def served_label(name: str) -> str:
     """What model `name`'s INT8 name serves, for labels: "INT8", or "FP32 fallback" when the build here served the
     FP32 graph under the INT8 name (its report says so), else when the committed served-form search found none."""
