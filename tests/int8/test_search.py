@@ -1639,3 +1639,22 @@ def test_the_speed_probe_ends_at_the_first_start_that_clears_the_gate_everywhere
     assert sum("speed x" in line for line in lines) == probed, lines
     assert "uint8-all" in next(line for line in lines if "speed x" in line)  # the prior's start first
     assert sum("speed ceiling" in line for line in lines) == 1, lines
+
+
+def test_a_recipe_confirmed_on_the_whole_split_is_not_evaluated_again(tiny, monkeypatch):
+    """A trim that puts every float node back ends at the recipe its fallback confirmed: the same graph, whose
+    validation metrics the search already holds (tests/int8/test_pipeline.py counts this over a real build)."""
+    path, _ = tiny
+    calls = []
+    metrics = evaluate.Evaluator.metrics
+
+    def counted(self, model, exact=False):
+        calls.append(len(self.batches))
+        return metrics(self, model, exact)
+
+    monkeypatch.setattr(evaluate.Evaluator, "metrics", counted)
+    ctx = search.SearchContext(TinySpec(), path, ["int8"], check_speed=False, progress=False, log=lambda _m: None)
+    r = search.Recipe(form="int8", placement="inputs")
+    first = ctx.measure("confirm", "once", r)
+    again = ctx.measure("confirm", "again", search.Recipe(form="int8", placement="inputs", float_nodes=[]))
+    assert len(calls) == 1 and first.metrics == again.metrics

@@ -234,7 +234,10 @@ class SearchContext:
             self.plan.took(f"{stage}:speed", time.perf_counter() - t0 - (self.builder.setup_s - setup))
             self.log(f"  {stage:<11} {change:<42} not scored: speed x{sp:.2f}")
             return step
-        metrics = (evaluator or self.val).metrics(model, exact=self.exact)
+        # A recipe confirmed on the whole split already (a trim that ends at a fallback's recipe) is the same graph.
+        metrics = self.split_metrics.get(key(r)) if evaluator is None else None
+        if metrics is None:
+            metrics = (evaluator or self.val).metrics(model, exact=self.exact)
         if evaluator is None:
             self.split_metrics[key(r)] = metrics
         margin = self.margin if margin is None else margin
