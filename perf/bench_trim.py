@@ -44,7 +44,7 @@ def main() -> None:
                     help="runtime variants to race on (default: those serving the FP32 and INT8 models here)")
     args = ap.parse_args()
 
-    from tritonkit.build import speed_variants
+    from tritonkit.repository.runtime_choice import served_variants
 
     kind = kinds.get(args.model)
     fp32 = paths.model_file(kind.FP32_MODEL)
@@ -79,7 +79,7 @@ def main() -> None:
           f"validation it holds the gates with the search's {MARGIN} margin: "
           + ("yes" if search.gates.holds("validation", confirmed.metrics, MARGIN) else "no"))
     print(json.dumps({"float_nodes": trimmed.float_nodes}))
-    fp32_variant, int8_variant = args.variants or speed_variants(kind)
+    fp32_variant, int8_variant = args.variants or served_variants(kind)
     with tempfile.TemporaryDirectory(prefix="bench-trim-") as tmp:
         files = {}
         for name, r in (("parent", recipe), ("trimmed", trimmed)):

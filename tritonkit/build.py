@@ -26,7 +26,7 @@ from pathlib import Path
 from tritonkit import fingerprint, kinds, paths
 from tritonkit.int8 import pipeline
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, DEFAULT_BUDGET_S, Budget
-from tritonkit.int8.decide import Outcome, write_report
+from tritonkit.int8.decide import Outcome, write_records
 from tritonkit.int8.facts import FP32Facts
 from tritonkit.int8.recipe import FALLBACK, FORMS
 
@@ -77,27 +77,17 @@ def build_fp32(kind, force: bool = False, progress: bool = True) -> tuple[Path, 
     return path, True
 
 
-def speed_variants(kind) -> tuple[str, str]:
-    """The runtime variants this CPU class serves the FP32 and INT8 models on (models/<name>.runtime.json; ONNX
-    Runtime before any choice), bf16-free where this CPU has no native bf16 (serving.runtimes.usable_here)."""
-    from tritonkit.repository import runtime_choice
-    from tritonkit.serving.runtimes import usable_here
-
-    return tuple(usable_here(runtime_choice.variant_for(kind, m))
-                 for m in (kind.FP32_MODEL, kind.INT8_MODEL))
-
-
-def build_int8(kind, fp32: Path, force: bool = False, progress: bool = True,
+def build_int8(kind, fp32: Path, variants: tuple[str, str], force: bool = False, progress: bool = True,
                run_search: bool = False, search_if_missing: bool = False,
                search_budget_s: float | None = DEFAULT_BUDGET_S, search_form: str | None = None,
                forms: Sequence[str] = FORMS, started: float | None = None, fresh: bool = False,
                facts: FP32Facts | None = None) -> tuple[list[Outcome], bool]:
     """The INT8 `forms` (tritonkit.int8.pipeline: from the committed recipe, searched first with run_search, or if
     there is none and search_if_missing: `make build` does that for a new model; library callers get an error
-    instead), and whether it searched. `search_budget_s`: the whole build's, from `started` (time.perf_counter;
-    default now). `fresh`: the search does not judge the committed candidates first. `facts`: the build's measured
-    facts of the FP32 file (tritonkit.int8.facts), handed on to the runtime choice."""
-    variants = speed_variants(kind)  # what serves here, read before the INT8 stage runs
+    instead), and whether it searched. `variants`: the runtime variants (FP32's, INT8's) that serve the models here
+    (runtime_choice.served_variants), which its speed gates race. `search_budget_s`: the whole build's, from
+    `started` (time.perf_counter; default now). `fresh`: the search does not judge the committed candidates first.
+    `facts`: the build's measured facts of the FP32 file (tritonkit.int8.facts), handed on to the runtime choice."""
     return pipeline.run(kind, fp32, variants, forms=forms, search=run_search,
                         search_if_missing=search_if_missing, only=search_form, fresh=fresh,
                         budget=Budget.of(search_budget_s, start=started), force=force, progress=progress,
@@ -173,14 +163,16 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
         return BuildResult(name, fp32, None, built)
     # A build that searches keeps the model's budget end to end: the search gets what the export left, less a share
     # for the replays and the runtime choice after it.
-    facts = FP32Facts(kind, fp32)  # measured once, by the stage that first needs them
-    outcomes, searched = build_int8(kind, fp32, force=force or built_fp32, progress=progress, run_search=run_search,
-                                    search_if_missing=search_if_missing, search_budget_s=search_budget_s,
-                                    search_form=search_form, forms=forms, started=t0, fresh=fresh, facts=facts)
-    served = next(o for o in outcomes if o.form == "served")
-    trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     from tritonkit.repository import runtime_choice
 
+    facts = FP32Facts(kind, fp32)  # measured once, by the stage that first needs them
+    variants = runtime_choice.served_variants(kind)  # what serves here, read once, before the INT8 stage runs
+    outcomes, searched = build_int8(kind, fp32, variants, force=force or built_fp32, progress=progress,
+                                    run_search=run_search, search_if_missing=search_if_missing,
+                                    search_budget_s=search_budget_s, search_form=search_form, forms=forms, started=t0,
+                                    fresh=fresh, facts=facts)
+    served = next(o for o in outcomes if o.form == "served")
+    trt = next((o for o in outcomes if o.form == "tensorrt"), None)
     # A build that searched keeps its budget to the end: the runtime choice fits in what is left of it.
     budget = Budget.of(search_budget_s, start=t0) if searched else None
     try:
@@ -189,8 +181,7 @@ def build(name: str, force: bool = False, skip_int8: bool = False, run_search: b
         runtime_choice.choose(kind, fp32, served.path if served.status != "failed" else None, force=choose_runtime,
                               log=_log, budget=budget, gates=served.gates, facts=facts)
     finally:  # after the last judgement: the packed proof or the runtime choice may measure a floor a form deferred
-        for outcome in outcomes:
-            write_report(kind, outcome)
+        write_records(kind, outcomes)
     for path in generate.write([kind]):  # an FP32 fallback and the chosen runtime show in the configs
         _log(f"{kind.NAME}: generated {paths.rel(path)}")
     if searched:

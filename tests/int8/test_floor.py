@@ -265,7 +265,7 @@ def test_int8_worse_than_its_floor_falls_back_and_says_so(tiny, tmp_path, monkey
     # As pipeline.search_forms records it: a fallback's replay reports the floor its search measured, and measures none.
     entry = recipe.Entry(None, recipe.FALLBACK, result.reason, floor=half)
     outcome = decide.replay(spec, tiny, "served", entry, out, progress=False)
-    decide.write_report(spec, outcome)
+    decide.write_records(spec, [outcome])
     assert outcome.status == recipe.FALLBACK
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     assert meta[recipe.PRECISION_KEY].startswith("fp32-fallback")
@@ -284,7 +284,7 @@ def test_a_replayed_report_shows_floor_bound_and_result_side_by_side(tiny, tmp_p
     monkeypatch.setitem(floor.PRECISION, "served", "fp16")
     entry = recipe.Entry(dataclasses.asdict(found), "passed")
     outcome = decide.replay(spec, tiny, "served", entry, tmp_path / "served.onnx", progress=False)
-    decide.write_report(spec, outcome)
+    decide.write_records(spec, [outcome])
     assert outcome.status == "passed", outcome.missed
     rep = json.loads(report.report_path(spec).read_text())
     gate = next(g for g in rep["gates"] if g["metric"] == "cosine_min")
@@ -312,7 +312,7 @@ def test_a_replay_that_only_this_machines_fp32_outruns_serves_fp32_loudly_not_a_
     entry = recipe.Entry(dataclasses.asdict(found), "passed")
     out = tmp_path / "served.onnx"
     outcome = decide.replay(spec, tiny, "served", entry, out, progress=False)
-    decide.write_report(spec, outcome)
+    decide.write_records(spec, [outcome])
     assert outcome.status == recipe.FALLBACK
     assert_fp32_fallback(out, tiny)
     rep = json.loads(report.report_path(spec).read_text())

@@ -82,7 +82,7 @@ def test_a_deferred_floor_is_measured_once_and_only_where_the_absolute_bounds_ca
 
 
 def test_a_report_is_written_with_the_floor_its_build_measured_last(tiny, tmp_path, monkeypatch):
-    """A replay's Outcome holds its report; the build writes it after its last judgement (decide.write_report): "not
+    """A replay's Outcome holds its report; the build writes it after its last judgement (decide.write_records): "not
     needed" while its gates' floor is deferred, else the floor a later judgement of the same build (the packed proof,
     the runtime choice) measured, with the bounds it set."""
     from tritonkit.int8 import decide, report
@@ -91,17 +91,18 @@ def test_a_report_is_written_with_the_floor_its_build_measured_last(tiny, tmp_pa
     spec = _spec()
     monkeypatch.setattr(report, "REPORTS", tmp_path)
     g = gates.for_form(spec, tiny, "tensorrt", log=lambda _m: None)
-    rep = {"model": "tiny", "form": "tensorrt", "status": "passed", "created": "now", "recipe_file": "r.json",
-           "recipe_summary": "int8-inputs-minmax", "test": {"cosine_min": 0.9999, "cosine_mean": 0.99999}}
+    spec.EXPORT = type("Export", (), {"name": "tiny"})
+    rep = {"created": "now", "search_env": {}, "status": "passed", "recipe_summary": "int8-inputs-minmax",
+           "test": {"cosine_min": 0.9999, "cosine_mean": 0.99999}}
     outcome = decide.Outcome("tensorrt", tmp_path / "q.onnx", "passed", [], gates=g, report=rep)
-    decide.write_report(spec, outcome)  # still deferred: nothing to show yet
+    decide.write_records(spec, [outcome])  # still deferred: nothing to show yet
     page = report.report_path(spec, "tensorrt").with_suffix(".md")
     assert "not needed" in page.read_text()
 
     half = floor.measure(spec, tiny, "fp16")
     assert g.holds("test", {"cosine_min": half["test"]["cosine_min"] - 0.001,
                             "cosine_mean": half["test"]["cosine_mean"]})  # only the floor decides: measured now
-    decide.write_report(spec, outcome)
+    decide.write_records(spec, [outcome])
     written = json.loads(report.report_path(spec, "tensorrt").read_text())
     assert gates.NOT_NEEDED not in written["floor"] and written["floor"]["test"] == half["test"]
     assert written["test"] == rep["test"]  # the rest of the report is as it was

@@ -825,7 +825,7 @@ def test_a_cpu_without_bf16_replays_its_classes_accurate_candidate(tiny, tmp_pat
     monkeypatch.setattr(report, "REPORTS", tmp_path)
     out = tmp_path / "served.onnx"
     outcome = decide.replay(spec, path, "served", served, out, progress=False)
-    decide.write_report(spec, outcome)
+    decide.write_records(spec, [outcome])
     dq = any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
     meta = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
     if candidate == "accurate":

@@ -2,7 +2,7 @@
 
 Takes the resolved recipe entry (tritonkit.int8.recipe.RecipeFile.resolved: this CPU class's own, or a donor's), the
 form's `Gates` and the runtime variants that serve FP32 and INT8 here; returns an `Outcome` holding the form's report,
-which the build writes once its last judgement is done (`write_report`, tritonkit.int8.report). The graph comes
+which the build writes once its last judgement is done (`write_records`, tritonkit.int8.report). The graph comes
 from the one builder (tritonkit.int8.builder), from the recipe's committed quantization parameters where they apply
 (no calibration pass); its judgement from tritonkit.int8.judge, which reuses the search's when the bytes are the ones
 it judged. What serves:
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonkit import envinfo, paths
-from tritonkit.int8 import judge, report
+from tritonkit.int8 import judge, proof, report
 from tritonkit.int8.builder import Builder
 from tritonkit.int8.gates import Gates, for_entry
 from tritonkit.int8.judge import Judgement
@@ -52,16 +52,39 @@ class Outcome:
     reason: str = ""  # why FP32 serves, for a fallback
     gates: Gates | None = None  # what it was judged by (the packed proof and the runtime choice reuse them)
     judgement: Judgement | None = None  # of the INT8 file written (None: FP32 serves, or up to date)
-    report: dict | None = None  # what its report says but the floor and bounds, which `write_report` adds last
+    report: dict | None = None  # what its report says but its header, floor and bounds (`write_records` adds them)
+    entry: Entry | None = None  # the resolved recipe entry it replayed (None: up to date)
+    int8_variant: str | None = None  # the runtime variant the INT8 file runs on here (replay_variants), decided once
 
 
-def write_report(kind, outcome: Outcome) -> None:
-    """`outcome`'s report (none where it was up to date), with the floor and bounds its gates hold now: written
-    after the build's last judgement, so the floor a later one measured (the packed proof, the runtime choice)
-    shows."""
-    if outcome.report is not None:
-        gates = outcome.gates
-        report.write(kind, outcome.form, {**outcome.report, "floor": gates.floor, "gates": gates.rows(kind)})
+def write_records(kind, outcomes: list[Outcome]) -> None:
+    """What a build's replays leave on disk, written after its last judgement: each form's report, with the floor and
+    bounds its gates hold then (the packed proof or the runtime choice may have measured a deferred floor), and this
+    machine's proof of a donor class's served recipe (tritonkit.int8.proof). Up-to-date forms keep theirs."""
+    for outcome in outcomes:
+        if outcome.report is None:
+            continue
+        rep, gates = outcome.report, outcome.gates
+        head = {"model": kind.EXPORT.name, "form": outcome.form, "created": rep["created"],
+                "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
+                "search_env": rep["search_env"], "search": report.search_summary(kind, outcome.form)}
+        report.write(kind, outcome.form, {**head, **rep, "floor": gates.floor, "gates": gates.rows(kind)})
+        if outcome.form == "served":
+            _prove_here(kind, outcome)
+
+
+def _prove_here(kind, outcome: Outcome) -> None:
+    """Keep this machine's proof of a donor class's recipe; none where the class has its own entry, or where the
+    replay failed."""
+    donor = outcome.entry.borrowed_from
+    if not donor or outcome.status == "failed":
+        proof.forget(kind)
+        return
+    made = proof.write(kind, donor, outcome.status, outcome.reason, outcome.entry.recipe, outcome.int8_variant,
+                       outcome.path)
+    what = "INT8" if made.status == "passed" else "FP32"
+    _log(f"{kind.NAME}: proof for this {made.cpu_class} CPU -> {paths.rel(proof.path(kind))}: the {donor} recipe, "
+         f"judged here, serves {what} on this machine (`make serve`, `make demo`); committed views keep FP32")
 
 
 def _log(msg: str) -> None:
@@ -138,23 +161,22 @@ def replay(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates | 
     `competitor` pick what its speed gate races). `known`: this build's search's judgement of the graph it found,
     handed on in memory (used where the rebuilt bytes are the same). `search_env`: the recipe file's environment."""
     gates = gates or for_entry(kind, fp32, form, entry, log=_log)
-    rep: dict = {"model": kind.EXPORT.name, "form": form, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                 "recipe_file": paths.rel(recipe_path(kind)), "env": envinfo.fingerprint(),
-                 "search_env": search_env or {}, "search": report.search_summary(kind, form)}
-    if entry.recipe is None:
-        return decide(kind, fp32, form, entry, out, gates, rep)
-    built = build(kind, fp32, form, entry, out, progress)
-    int8_variant = replay_variants(speed_variants, entry)[1]
-    variants = (competitor(kind, entry, speed_variants[0]), int8_variant) if form == "served" else None
-    # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
-    # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
-    judged = judge.judge(kind, fp32, form, built.tmp, judge.exact_judgement(), variants, built.digest, log=_log,
-                         known=known)
-    return decide(kind, fp32, form, entry, out, gates, rep, built, judged, variants)
+    rep: dict = {"created": time.strftime("%Y-%m-%dT%H:%M:%S"), "search_env": search_env or {}}
+    int8_variant = replay_variants(speed_variants, entry)[1]  # decided here once; the Outcome hands it on
+    built = judged = variants = None
+    if entry.recipe is not None:
+        built = build(kind, fp32, form, entry, out, progress)
+        variants = (competitor(kind, entry, speed_variants[0]), int8_variant) if form == "served" else None
+        # The held-out test split is the proof here; the validation split chose the recipe, and its numbers are the
+        # search's (recorded with the recipe): measuring it again would double a replay's time and prove nothing new.
+        judged = judge.judge(kind, fp32, form, built.tmp, judge.exact_judgement(), variants, built.digest, log=_log,
+                             known=known)
+    return decide(kind, fp32, form, entry, out, gates, rep, built, judged, variants, int8_variant)
 
 
 def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, rep: dict, built: Built | None = None,
-           judged: Judgement | None = None, variants: tuple[str, str] | None = None) -> Outcome:
+           judged: Judgement | None = None, variants: tuple[str, str] | None = None,
+           int8_variant: str | None = None) -> Outcome:
     """Stage 5: what serves under the INT8 name, from the built graph's judgement against the form's gates; its
     report in the Outcome (`rep`: what it says besides). No graph built: the search found nothing, FP32 serves."""
     from tritonkit.int8.checks import artefact_int8_share, quantized_ops
@@ -171,7 +193,8 @@ def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, r
         report.loud(f"{kind.NAME}: no INT8 candidate met every gate ({reason}); {paths.rel(out)} is the FP32 model, "
                     f"served under the INT8 model's name")
         return Outcome(form, out, FALLBACK, [], reason, gates,
-                       report={**rep, "status": FALLBACK, "passed": False, "served": "fp32", "reason": reason})
+                       report={**rep, "status": FALLBACK, "passed": False, "served": "fp32", "reason": reason},
+                       entry=entry, int8_variant=int8_variant)
 
     if built is None:
         return fall_back(entry.reason)
@@ -206,4 +229,4 @@ def decide(kind, fp32: Path, form: str, entry: Entry, out: Path, gates: Gates, r
                test=metrics["test"], speed=speed, speed_variants=list(variants) if speed else None,
                int8_mac_share=round(share, 4), quantized_ops=quantized_ops(out), quantize_s=round(built.seconds, 1),
                judged_by=judged.by, sha256=built.digest)
-    return Outcome(form, out, rep["status"], miss, "", gates, judged, rep)
+    return Outcome(form, out, rep["status"], miss, "", gates, judged, rep, entry, int8_variant)

@@ -8,7 +8,7 @@
 
 Takes the kind, its FP32 file, the runtime variants that serve FP32 and INT8 here, a `Budget` and the build's
 measured facts of the FP32 file; returns one `Outcome` per form (with the Gates and Judgement that the packed proof
-and the runtime choice reuse, and the report the build writes after them: decide.write_report) and whether it
+and the runtime choice reuse, and the report the build writes after them: decide.write_records) and whether it
 searched. Nothing here calls back into the build: a searched form hands its Gates and Judgement to its replay in
 memory (`Searched`); disk keeps the recipe, the reports and the judgement cache for later builds.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tritonkit import envinfo, fingerprint, paths
 from tritonkit.errors import GateError
-from tritonkit.int8 import decide, gates, judge, proof, report, search, timing
+from tritonkit.int8 import decide, gates, judge, report, search, timing
 from tritonkit.int8.budget import AFTER_SEARCH_SHARE, SERVED_SHARE, START_PASSES, Budget
 from tritonkit.int8.builder import FewCalibrationBatches, Workspace
 from tritonkit.int8.context import SearchContext
@@ -118,26 +118,11 @@ def run(kind, fp32: Path, variants: tuple[str, str], *, forms=FORMS, search: boo
         outcome = decide.replay(kind, fp32, form, entry, out, form_gates, progress, variants,
                                 done.judgement if done else None, recipes.env)
         outcomes.append(outcome)
-        if form == "served":
-            _prove_here(kind, entry, outcome, decide.replay_variants(variants, entry)[1])
         if outcome.status != "failed":
             fingerprint.stamp(kind.NAME, stage, stamp)
         else:
             fingerprint.unstamp(kind.NAME, stage)
     return outcomes, searched
-
-
-def _prove_here(kind, entry: Entry, outcome: Outcome, int8_variant: str) -> None:
-    """Keep this machine's proof of a donor class's recipe (tritonkit.int8.proof); none where the class has its own
-    entry, or where the replay failed."""
-    donor = entry.borrowed_from
-    if not donor or outcome.status == "failed":
-        proof.forget(kind)
-        return
-    made = proof.write(kind, donor, outcome.status, outcome.reason, entry.recipe, int8_variant, outcome.path)
-    what = "INT8" if made.status == "passed" else "FP32"
-    _log(f"{kind.NAME}: proof for this {made.cpu_class} CPU -> {paths.rel(proof.path(kind))}: the {donor} recipe, "
-         f"judged here, serves {what} on this machine (`make serve`, `make demo`); committed views keep FP32")
 
 
 # -- the search (no recipe yet, or --search) ----------------------------------------------------------------------

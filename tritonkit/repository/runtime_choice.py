@@ -95,6 +95,13 @@ def variant_for(kind, model: str, cpu_class: str | None = None) -> str:
     return record.get("models", {}).get(model, {}).get("runtime", DEFAULT)
 
 
+def served_variants(kind) -> tuple[str, str]:
+    """The variants this CPU class serves the FP32 and INT8 models on (its committed record; ONNX Runtime before any
+    choice), bf16-free where this CPU has no native bf16 (usable_here): read once per build, before its INT8 stage,
+    which races and judges on them."""
+    return tuple(usable_here(variant_for(kind, m)) for m in (kind.FP32_MODEL, kind.INT8_MODEL))
+
+
 def variant_parameters(kind, variant: str) -> dict[str, str]:
     """The config parameters `variant` adds (OpenVINO's bf16 hint, by its native name; the packing bucket only for
     a kind that packs)."""
