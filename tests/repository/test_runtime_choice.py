@@ -1,5 +1,7 @@
 """When a committed runtime choice still speaks for a served file, and when it must be measured again."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -283,3 +285,36 @@ def test_an_fp32_fallback_at_its_twins_threads_is_timed_once(tmp_path):
     assert fp32["items_per_s"] == {v: int8["items_per_s"][v] for v in ("onnxruntime", "openvino")}
     assert sum(line.startswith(f"{kind.NAME}: timing ") for line in logged) == 1, logged
     shutil.rmtree(out.parent.parent)
+
+
+def test_a_new_models_int8_file_is_timed_where_its_fp32_runs_fastest(monkeypatch):
+    """Before the INT8 name has a record, its search times the INT8 file on the FP32 competitor's variant, not on
+    ONNX Runtime by default (the MiniLM reranker's INT8 ran 0.87x there, 1.45x on OpenVINO bf16); replays and
+    fingerprints see ONNX Runtime until the runtime choice records one."""
+    from tritonkit import kinds
+    from tritonkit.int8 import pipeline, speed
+    from tritonkit.repository import runtime_choice
+
+    kind = kinds.get("text_embedding")
+    record = {"classes": {"vnni": {"models": {kind.FP32_MODEL: {"runtime": "openvino"}}}}}
+    monkeypatch.setattr(runtime_choice, "load", lambda _kind: record)
+    assert runtime_choice.served_variants(kind) == ("openvino", None)
+    record["classes"]["vnni"]["models"][kind.INT8_MODEL] = {"runtime": "onnxruntime"}
+    assert runtime_choice.served_variants(kind) == ("openvino", "onnxruntime")
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def search_forms(_kind, _fp32, _progress, _budget, _only, speed_variants, *_rest):
+        seen.append(speed_variants)
+        raise Stop
+
+    monkeypatch.setattr(speed, "fp32_competitor", lambda *_a, **_k: ("openvino-bf16", {}))
+    monkeypatch.setattr(pipeline, "search_forms", search_forms)
+    monkeypatch.setattr(pipeline, "FP32Facts", lambda *_a: None)
+    for int8, timed in ((None, "openvino-bf16"), ("onnxruntime", "onnxruntime")):
+        with pytest.raises(Stop):
+            pipeline.run(kind, Path("fp32.onnx"), ("openvino", int8), search=True)
+        assert seen[-1] == ("openvino-bf16", timed)

@@ -95,11 +95,14 @@ def variant_for(kind, model: str, cpu_class: str | None = None) -> str:
     return record.get("models", {}).get(model, {}).get("runtime", DEFAULT)
 
 
-def served_variants(kind) -> tuple[str, str]:
+def served_variants(kind) -> tuple[str, str | None]:
     """The variants this CPU class serves the FP32 and INT8 models on (its committed record; ONNX Runtime before any
     choice), bf16-free where this CPU has no native bf16 (usable_here): read once per build, before its INT8 stage,
-    which races and judges on them."""
-    return tuple(usable_here(variant_for(kind, m)) for m in (kind.FP32_MODEL, kind.INT8_MODEL))
+    which races and judges on them. INT8's is None before the INT8 name has a record (a new model): its search times
+    the INT8 file where FP32 runs fastest (tritonkit.int8.pipeline.run)."""
+    fp32 = usable_here(variant_for(kind, kind.FP32_MODEL))
+    int8 = entry(kind)[1].get("models", {}).get(kind.INT8_MODEL, {}).get("runtime")
+    return fp32, None if int8 is None else usable_here(int8)
 
 
 def variant_parameters(kind, variant: str) -> dict[str, str]:
