@@ -114,10 +114,10 @@ def test_a_second_form_reuses_the_first_ones_calibration(tiny, monkeypatch):
         assert Path(workspace.tmp.name).exists(), "a search closed the workspace it was lent"
     finally:
         workspace.close()
-    # One calibration pass per calibrated graph, whatever number of methods the variants tried on it.
+    # Per calibrated graph a minmax pass, and one pass for every histogram method the variants tried on it.
     methods = {s.recipe.split("-")[2] for s in first.steps if s.recipe}
-    assert len(methods) > 1, methods
-    assert len(set(calls)) == len(calls), "a graph was calibrated twice"
+    assert len(methods) > 2, methods
+    assert all(calls.count(g) <= 2 for g in calls), "a graph was calibrated more than twice"
     assert after_first >= 1 and len(calls) == after_first, "the second search calibrated again"
     assert second.recipe == first.recipe
 
@@ -1022,8 +1022,9 @@ def test_a_budget_never_starts_a_step_it_cannot_afford_and_lists_what_it_cut(tin
     assert any("not started" in line for line in logs)
 
     def median_before(i: int, stage: str) -> float | None:
-        """What the steps of `stage` before step i took (one graph here: no calibration inside them)."""
-        same = [e.seconds for e in cut.steps[:i] if e.stage == stage]
+        """What the minmax steps of `stage` before step i took (one graph here: no calibration inside them; a
+        histogram method's first step holds its graph's histogram pass)."""
+        same = [e.seconds for e in cut.steps[:i] if e.stage == stage and "-minmax" in (e.recipe or "")]
         return float(np.median(same)) if same else None
 
     for i, s in enumerate(cut.steps[1:], 1):  # the first start runs whatever the budget

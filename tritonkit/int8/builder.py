@@ -163,20 +163,29 @@ class Builder:
             twin = self.ws.stats[self.digest(self.graph(replace(q, smooth_alpha=None)))]
             self.ws.ranges[key] = twin.smoothed(prepared.smooth_scales).ranges(q.calibrate_method, q.extra_options)
             return self.ws.ranges[key]
-        # One pass collects every applicable method's statistics; each method's ranges are computed from them.
-        if digest not in self.ws.stats:
-            # An unsmoothed graph's pass also takes what SmoothQuant variants read (per-channel max |x|, min, max).
-            channels = [] if q.smooth_alpha is not None or "MatMul" not in self.spec.WEIGHT_OPS else \
-                list(smoothable_tensors(graph))
+        # A minmax pass first; the histogram methods' statistics (onnxruntime's collectors, the pass's costliest
+        # part on long rows: most of a MiniLM reranker's 612 s first start) in one later pass, when a recipe
+        # asks for one of them. Each method's ranges are computed from its statistics, whichever pass took them.
+        stats = self.ws.stats.get(digest)
+        wanted = [] if stats is None else [m for m, _ in self.methods(q) if m not in ("minmax", *stats.histograms)]
+        if stats is None or (q.calibrate_method != "minmax" and wanted):
+            histograms = q.calibrate_method != "minmax"
+            # An unsmoothed graph's first pass also takes what SmoothQuant variants read (per-channel max |x|).
+            channels = [] if stats is not None or q.smooth_alpha is not None or "MatMul" not in self.spec.WEIGHT_OPS \
+                else list(smoothable_tensors(graph))
+            methods = [m for m, _ in self.methods(q) if histograms or m == "minmax"] if stats is None else wanted
             t0 = time.perf_counter()
             setup = self.setup_s
-            self.ws.stats[digest] = collect(graph, self.spec.calibration_batches, prepared.path.parent,
-                                            [m for m, _ in self.methods(q)], self._batches(q), self.progress,
-                                            desc=f"calibrate {q.name}", channels=channels)
+            got = collect(graph, self.spec.calibration_batches, prepared.path.parent, methods, self._batches(q),
+                          self.progress, desc=f"calibrate {q.name}", channels=channels)
+            if stats is None:
+                self.ws.stats[digest] = got
+            else:
+                stats.histograms.update(got.histograms)
             # Without the twin's preparing it may have triggered (a SmoothQuant graph reads its twin's pass).
             took = time.perf_counter() - t0 - (self.setup_s - setup)
             self._took("calibrate", took)
-            self._took("forward", self.ws.stats[digest].run_s)
+            self._took("forward", got.run_s)
             self.setup_s += took
         self.ws.ranges[key] = self.ws.stats[digest].ranges(q.calibrate_method, q.extra_options)
         return self.ws.ranges[key]

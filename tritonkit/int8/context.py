@@ -265,14 +265,14 @@ class SearchContext:
             digest = self.builder.digest(prepared.base or prepared.path)
             # Calibrated, or its ranges taken from its twin's pass (a SmoothQuant graph's): no pass to pay.
             ranges = (digest, r.calibrate_method, json.dumps(r.extra_options))
-            done = digest in self.ws.stats or ranges in self.ws.ranges
+            done = self._collected(digest, r.calibrate_method) or ranges in self.ws.ranges
             return step + (0.0 if done else calibrate)
         from tritonkit.int8 import calibration
         from tritonkit.int8.rounding import STAGES
 
         def calibrated(smooth_alpha) -> bool:  # a graph of any placement with these transforms has had its pass
-            return any(self.builder.digest(v.base or v.path) in self.ws.stats for k, v in self.ws.prepared.items()
-                       if k[1:] == (smooth_alpha, *prepared_key[2:]))
+            return any(self._collected(self.builder.digest(v.base or v.path), r.calibrate_method)
+                       for k, v in self.ws.prepared.items() if k[1:] == (smooth_alpha, *prepared_key[2:]))
 
         # Placements differ by input isolation only: without data-driven weight changes they calibrate one graph;
         # a SmoothQuant variant's ranges come from its twin's pass, once that ran (Builder.calibrate).
@@ -284,6 +284,11 @@ class SearchContext:
 
     def spent(self) -> bool:
         return self.plan.spent()
+
+    def _collected(self, digest: str, method: str) -> bool:
+        """Whether a pass over graph `digest` took `method`'s statistics (Builder._ranges: histograms come later)."""
+        stats = self.ws.stats.get(digest)
+        return stats is not None and (method == "minmax" or method in stats.histograms)
 
     def int8_share(self, r: Recipe) -> float:
         """The share of the weighted multiply-accumulates `r` leaves in INT8 (on its prepared graph, where merged
