@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tritonkit import paths
-from tritonkit.runtime.server import CONTROL_HEADER, free_port
+from tritonkit.runtime.server import CONTROL_HEADER, free_port, free_ports
 from tritonkit.serving.backend_utils import cgroup_cpu_limit
 
 
@@ -25,7 +25,7 @@ def _stub_count(pgid: int) -> int:
 
 def _launch(smoke_repository, tmp_path, *extra: str, prefix: tuple[str, ...] = ()):
     """`scripts/serve` on free ports, read until it says it is ready: (process, its output so far, http port)."""
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports(3)
     proc = subprocess.Popen(
         [*prefix, str(paths.ROOT / "scripts" / "serve"), "--model-repository", str(smoke_repository),
          "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),

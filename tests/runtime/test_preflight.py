@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from tritonkit import paths
+from tritonkit.runtime.server import free_ports
 
 
 def _run(tmp_path, *args, specs=None):
@@ -19,12 +20,6 @@ def _run(tmp_path, *args, specs=None):
                           timeout=120)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_never_built_checkout_is_told_what_to_run(tmp_path):
     specs = tmp_path / "models"
     specs.mkdir()
@@ -32,8 +27,8 @@ def test_a_never_built_checkout_is_told_what_to_run(tmp_path):
     subprocess.run([sys.executable, "-m", "tritonkit.repository.generate"], check=True, capture_output=True,
                    timeout=120, env={**os.environ, "TRITONKIT_SPECS": str(specs),
                                      "TRITONKIT_MODEL_REPOSITORY": str(tmp_path / "repo")})
-    out = _run(tmp_path, "--http-port", str(_free_port()), "--grpc-port", str(_free_port()), "--metrics-port",
-               str(_free_port()))
+    http, grpc, metrics = free_ports(3)
+    out = _run(tmp_path, "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics))
     assert out.returncode == 2
     assert "text_embedding: not built" in out.stderr and "make build" in out.stderr
     assert "no model is built yet" in out.stderr

@@ -252,3 +252,19 @@ def test_glibc_allocator_preloads_nothing(start_server, smoke_repository):
     x = np.ones((2, 4), np.float32)
     np.testing.assert_allclose(_http_infer(server.http_url, "smoke_linear", "X", x).as_numpy("Y"), x @ W + B,
                                rtol=1e-6, atol=1e-6)
+
+
+def test_free_ports_are_distinct_and_released():
+    """All three held while drawn (a port drawn twice once spun on_free_ports forever), then freed for the server."""
+    import socket
+
+    from tritonkit.runtime.server import free_ports
+
+    for _ in range(200):
+        ports = free_ports(3)
+        assert len(set(ports)) == 3, ports
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    server = TritonServer.on_free_ports()
+    assert len({server.http_port, server.grpc_port, server.metrics_port}) == 3

@@ -107,10 +107,17 @@ def read_secret(path: Path) -> str:
     return key
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports: every socket stays bound until all are read, so the kernel cannot hand one twice."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 @dataclass
@@ -151,10 +158,10 @@ class TritonServer:
 
     @classmethod
     def on_free_ports(cls, **kwargs) -> TritonServer:
-        ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
-        while len(set(ports.values())) < 3:
-            ports["metrics_port"] = free_port()
-        return cls(**ports, **kwargs)
+        # One bind per port in turn could return a port twice (each socket closed before the next bind); the old
+        # loop re-drew only the metrics port, so an http == grpc draw spun forever (a CI run's 900 s timeout).
+        http_port, grpc_port, metrics_port = free_ports(3)
+        return cls(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, **kwargs)
 
     @property
     def http_url(self) -> str:
