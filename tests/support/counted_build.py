@@ -1,6 +1,7 @@
 """`python -m tritonkit.build ARGS` with a ledger of what it measured: every whole-split evaluation of a graph
 (tritonkit.int8.evaluate.Evaluator.metrics, the packed proof's and the runtime choice's accuracy checks) and every
-timing of a graph at the served batch sizes (tritonkit.int8.speed.speedup), keyed by the graph's sha256, every
+timing of a graph at the served batch sizes (tritonkit.int8.speed.speedup; a rival raced against its parent,
+tritonkit.int8.speed.race), keyed by the graph's sha256, every
 measurement of the FP32 graph's seconds a row (tritonkit.int8.floor.row_seconds) and every construction of a form's
 `Gates` (tritonkit.int8.gates), written as JSON to $COUNTED_BUILD_LEDGER. The measuring code runs unchanged: each
 spy records, then calls through.
@@ -55,7 +56,17 @@ def main(argv: list[str]) -> int:
             ledger.append({"what": "evaluate", "split": "test", "graph": _digest(model_path) + ":packed"})
         return write_packed(self, model_path, fp32, judge, reference)
 
+    race = speed.race
+
+    def counted_race(spec, fp32, parent, rivals, batches, *args, **kwargs):
+        # A rival's speed comes from its race with its parent (a trim or finer granularity that beat the parent
+        # serves with it); the parent, timed before, is timed again there head to head, by design.
+        for variant, model in rivals.values():
+            ledger.append({"what": "race", "graph": _digest(model), "variants": [fp32[0], variant]})
+        return race(spec, fp32, parent, rivals, batches, *args, **kwargs)
+
     TextEmbedding.write_packed = counted_write_packed
+    speed.race = counted_race
     evaluate.Evaluator.metrics = counted_metrics
     speed.speedup = counted_speedup
     runtime_choice.accuracy = counted_accuracy
@@ -63,6 +74,7 @@ def main(argv: list[str]) -> int:
     from tritonkit.int8 import context, floor, gates, timing
 
     context.speedup = timing.speedup = counted_speedup
+    timing.race = counted_race
     row_seconds, make_gates = floor.row_seconds, gates._make
 
     def counted_row_seconds(kind, fp32, *args, **kwargs):
