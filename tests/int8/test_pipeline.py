@@ -57,8 +57,8 @@ def _once(ledger: list[dict]) -> tuple[Counter, Counter]:
     """Every (split, graph, runtime, arithmetic) evaluated and every (graph, variants) timed or raced at most once."""
     evaluated = Counter((e["split"], e["graph"], e.get("variant"), e.get("exact")) for e in ledger
                         if e["what"] == "evaluate")
-    # A graph's speed: timed against FP32 alone, or raced as a rival of its parent (a trim that beat it; the CI
-    # run that first met one read such a file as never timed).
+    # A graph's speed: timed against FP32 alone, or raced as a rival of its parent (a trim that beats it serves
+    # with the race's timing).
     timed = Counter((e["graph"], tuple(e["variants"])) for e in ledger if e["what"] in ("time", "race"))
     assert not [k for k, n in evaluated.items() if n > 1], [k for k, n in evaluated.items() if n > 1]
     assert not [k for k, n in timed.items() if n > 1], [k for k, n in timed.items() if n > 1]

@@ -158,8 +158,7 @@ class TritonServer:
 
     @classmethod
     def on_free_ports(cls, **kwargs) -> TritonServer:
-        # One bind per port in turn could return a port twice (each socket closed before the next bind); the old
-        # loop re-drew only the metrics port, so an http == grpc draw spun forever (a CI run's 900 s timeout).
+        # Drawn together: one bind at a time, each socket closed before the next, may hand a port out twice.
         http_port, grpc_port, metrics_port = free_ports(3)
         return cls(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, **kwargs)
 
