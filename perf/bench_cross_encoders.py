@@ -62,6 +62,25 @@ def rerank_requests(kind) -> list[tuple[str, list[str]]]:
     return [(q, docs[:DOCS]) for q, docs in by_query.items() if len(docs) >= DOCS]
 
 
+def workload(task: str, kind) -> tuple[list, int, str, list]:
+    """(requests, rows per request, unit, rows): a rerank request is one query's DOCS pairs, a classify request one
+    benchmark text."""
+    if task == "rerank":
+        items = rerank_requests(kind)
+        return items, DOCS, "pairs", [(q, d) for q, docs in items for d in docs]
+    items = [[t] for t in data.split("benchmark")]
+    return items, 1, "texts", [t[0] for t in items]
+
+
+def token_lengths(kind, rows: list) -> dict[str, float]:
+    """Tokens per row as the model reads them (special tokens included): what a throughput in rows/s is made of."""
+    import numpy as np
+
+    lengths = np.array([len(e.ids) for e in kind._tokenizer(10_000).encode_batch(rows)])
+    return {"mean": round(float(lengths.mean()), 1), **{f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90)},
+            "max": float(lengths.max())}
+
+
 def triton_rerank(http_url: str, model: str, label: str) -> peers.PeerServer:
     host, port = http_url.rsplit(":", 1)
 
@@ -152,15 +171,11 @@ def run_task(task: str, args, progress=print) -> dict:
     name = SPECS[task]
     kind = kinds.get(name)
     build.build(name, progress=False, forms=("served",))  # a no-op when current
-    if task == "rerank":
-        items, per_request, unit = rerank_requests(kind), DOCS, "pairs"
-        pairs = [(q, d) for q, docs in items for d in docs]
-    else:
-        items, per_request, unit = [[t] for t in data.split("benchmark")], 1, "texts"
-        pairs = [t[0] for t in items]
+    items, per_request, unit, pairs = workload(task, kind)
     # FP32 transformers on the first rows (what CrossEncoder computes): Infinity's forms are read against it.
     ref = kind.hf_logits(pairs[:AGREEMENT_ROWS])
-    result: dict = {"task": task, "spec": name, "unit": unit, "per_request": per_request, "requests": len(items)}
+    result: dict = {"task": task, "spec": name, "unit": unit, "per_request": per_request, "requests": len(items),
+                    "tokens": token_lengths(kind, pairs)}
     models = [kind.PREPROCESSOR, kind.INT8_MODEL, name, f"{name}_fused"]
     server = TritonServer.on_free_ports(model_control_mode="explicit", models=models)
     progress(f"[{task}] starting tritonserver with {', '.join(server.models)} ...")
@@ -209,6 +224,8 @@ def markdown(results: list[dict], meta: dict) -> str:
             ex = pts["ensemble"]["throughput"] / p["throughput"] if p["throughput"] else 0
             lines.append(f"| {p['label']} | {p['throughput']:.1f} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
                          f"{fx:.2f}× | {ex:.2f}× |")
+        if "tokens" in r:
+            lines += ["", f"Tokens per row: {json.dumps(r['tokens'])}"]
         lines += ["", f"Agreement with FP32 transformers on the first {AGREEMENT_ROWS} rows: "
                   + json.dumps(r.get("agreement", {}))]
         inf = r.get("infinity", {})
@@ -231,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infinity-forms", nargs="+", default=[f"{p}/{f}" for p, f in INFINITY_FORMS],
                         help="Infinity's forms to time (provider/export), the fastest measured")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--lengths", action="store_true", help="print each task's tokens per row and exit")
     args = parser.parse_args(argv)
+    if args.lengths:
+        for task in args.tasks:
+            kind = kinds.get(SPECS[task])
+            print(task, json.dumps(token_lengths(kind, workload(task, kind)[3])))
+        return 0
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     out = args.out or paths.ROOT / "perf" / "results" / f"{stamp}-cross-encoders"
     out.mkdir(parents=True, exist_ok=True)
